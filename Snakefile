@@ -1,0 +1,18 @@
+# kvdiverge: divergence timing under KV-cache eviction (../shared/SPEC.md).
+# The pipeline is read from workflow/rules/: one file per stage.
+
+
+configfile: "config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/finite_state.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        final_outputs(),

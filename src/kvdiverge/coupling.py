@@ -1,0 +1,193 @@
+"""Total variation, the maximal-coupling step and common random numbers (SPEC §1, §6).
+
+Everything here is vectorized over rows: ``p`` and ``q`` are ``(..., V)`` arrays of
+probabilities (numpy arrays or torch tensors; the result has the same kind).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Stream",
+    "crn_uniforms",
+    "document_key",
+    "inverse_cdf",
+    "maximal_coupling_joint",
+    "maximal_coupling_step",
+    "tv",
+]
+
+
+class Stream(IntEnum):
+    """Named random-number streams (SPEC §6): each draw of a step has its own stream."""
+
+    REFERENCE = 0  # X_t by inverse CDF: shared by every action of a document
+    ACCEPT = 1  # accept Y = X with probability min(1, q(X)/p(X))
+    RESIDUAL = 2  # Y from (q - p)+ / e after a rejection
+    OVERLAP = 3  # the overlap sampler's coupled / uncoupled branch choice
+    SWRB_ENTRY = 4  # SWRB entry time J
+    SWRB_SCAN = 5  # SWRB overlap scan U_s
+    FIXED = 6  # fixed-history stream Z (teacher forcing), when it must be sampled
+
+
+def _is_torch(a: Any) -> bool:
+    return type(a).__module__.startswith("torch")
+
+
+def tv(p: Any, q: Any) -> Any:
+    """TV(p, q) = 1/2 Σ_u |p(u) − q(u)| along the last axis (SPEC notation)."""
+    return 0.5 * abs(p - q).sum(-1)
+
+
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finalizer, elementwise on uint64 (wraps modulo 2**64)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def document_key(doc_id: str) -> int:
+    """A stable 63-bit integer key for a document id (independent of Python's hash seed)."""
+    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def crn_uniforms(
+    seed: int,
+    document: int | str,
+    replicate: Any,
+    step: Any,
+    stream: int | Stream,
+    salt: int = 0,
+) -> np.ndarray:
+    """Common random numbers: a uniform in [0, 1) for each (seed, document, replicate, step, stream).
+
+    SPEC §6: the reference token X_t is drawn by inverse CDF from a uniform that depends only on
+    (seed, document, replicate, t); the coupling's accept and residual draws use separate streams.
+    The value is a counter-based hash (SplitMix64 chained over the key), so any subset of draws
+    can be generated in any order and batch shape and always gives the same numbers.
+    ``replicate`` and ``step`` broadcast against each other; ``salt`` separates further families
+    (e.g. an action index for independent references).
+    """
+    doc = document_key(document) if isinstance(document, str) else int(document)
+    rep = np.asarray(replicate, dtype=np.int64).astype(np.uint64)
+    st = np.asarray(step, dtype=np.int64).astype(np.uint64)
+    rep, st = np.broadcast_arrays(rep, st)
+    h = _splitmix64(np.full(rep.shape, np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)))
+    for part in (np.uint64(doc & 0xFFFFFFFFFFFFFFFF), np.uint64(int(stream)), np.uint64(salt)):
+        h = _splitmix64(h ^ part)
+    h = _splitmix64(h ^ rep)
+    h = _splitmix64(h ^ st)
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+def inverse_cdf(weights: Any, u: Any) -> Any:
+    """Index drawn from unnormalized ``weights`` (…, V) by inverse CDF at uniforms ``u`` (…).
+
+    Returns the first index whose cumulative weight exceeds ``u · Σ weights``; never an index of
+    zero weight (floating-point overshoot falls back to the last index with positive weight).
+    Rows whose weights are all zero return index 0.
+    """
+    if _is_torch(weights):
+        import torch
+
+        cdf = torch.cumsum(weights, dim=-1)
+        target = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
+        idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
+        v = weights.shape[-1]
+        positions = torch.arange(v, device=weights.device)
+        last_pos = torch.where(weights > 0, positions, -1).amax(-1).clamp(min=0)
+        return torch.where(idx >= v, last_pos, idx)
+    w = np.asarray(weights, dtype=np.float64)
+    cdf = np.cumsum(w, axis=-1)
+    target = np.asarray(u, dtype=np.float64) * cdf[..., -1]
+    idx = (cdf <= target[..., None]).sum(-1)
+    v = w.shape[-1]
+    last_pos = np.where(w > 0, np.arange(v), -1).max(-1).clip(min=0)
+    return np.where(idx >= v, last_pos, idx)
+
+
+def _take(a: Any, idx: Any) -> Any:
+    if _is_torch(a):
+        return a.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+    return np.take_along_axis(a, idx[..., None], axis=-1)[..., 0]
+
+
+def maximal_coupling_step(p: Any, q: Any, u: Any, sampler: str = "accept") -> tuple[Any, Any]:
+    """One step of the maximal coupling of p and q, vectorized over rows (SPEC §1).
+
+    ``u`` holds three independent uniforms per row, shape ``(..., 3)``.
+
+    * ``sampler="accept"`` (the default, SPEC §6): X ~ p by inverse CDF at ``u[..., 0]``; Y = X
+      if ``u[..., 1] · p(X) < q(X)`` (probability min(1, q(X)/p(X))), else Y ~ (q − p)+ / e by
+      inverse CDF at ``u[..., 2]``.
+    * ``sampler="overlap"``: with probability 1 − e (``u[..., 0] < 1 − e``) draw one token from
+      c / (1 − e), c = min(p, q), at ``u[..., 1]`` and set X = Y; otherwise X ~ (p − c)/e at
+      ``u[..., 1]`` and Y ~ (q − c)/e at ``u[..., 2]``.
+
+    Both samplers have the same joint law: marginals p and q and P(X ≠ Y) = TV(p, q).
+    Returns integer index arrays ``(x, y)`` of shape ``p.shape[:-1]``.
+    """
+    if sampler not in ("accept", "overlap"):
+        raise ValueError(f"sampler: expected 'accept' or 'overlap', got {sampler!r}")
+    torch_mode = _is_torch(p)
+    if torch_mode:
+        import torch
+
+        u = torch.as_tensor(u, device=p.device)
+        clip0 = lambda a: a.clamp(min=0)  # noqa: E731
+        minimum = torch.minimum
+        where = torch.where
+    else:
+        p = np.asarray(p, dtype=np.float64)
+        q = np.asarray(q, dtype=np.float64)
+        u = np.asarray(u, dtype=np.float64)
+        clip0 = lambda a: np.clip(a, 0, None)  # noqa: E731
+        minimum = np.minimum
+        where = np.where
+    u0, u1, u2 = u[..., 0], u[..., 1], u[..., 2]
+    if sampler == "accept":
+        x = inverse_cdf(p, u0)
+        px, qx = _take(p, x), _take(q, x)
+        accept = u1.to(px.dtype) * px < qx if torch_mode else u1 * px < qx
+        residual = clip0(q - p)
+        has_residual = residual.sum(-1) > 0
+        y_res = inverse_cdf(residual, u2)
+        y = where(accept | ~has_residual, x, y_res)
+        return x, y
+    c = minimum(p, q)
+    overlap = c.sum(-1)
+    e = clip0(1 - overlap)
+    coupled = (u0.to(e.dtype) if torch_mode else u0) < 1 - e
+    z = inverse_cdf(c, u1)
+    x_res = inverse_cdf(clip0(p - c), u1)
+    y_res = inverse_cdf(clip0(q - c), u2)
+    pres = clip0(p - c).sum(-1) > 0
+    qres = clip0(q - c).sum(-1) > 0
+    x = where(coupled | ~pres, z, x_res)
+    y = where(coupled | ~qres, z, y_res)
+    return x, y
+
+
+def maximal_coupling_joint(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Exact joint law (V × V matrix) of the maximal coupling of two distributions (SPEC §1).
+
+    J[u, u] = min(p(u), q(u)); off the diagonal J[x, y] = (p − c)(x) (q − c)(y) / e.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    c = np.minimum(p, q)
+    e = 1.0 - c.sum()
+    joint = np.diag(c)
+    if e > 0:
+        joint = joint + np.outer(p - c, q - c) / e
+    return joint
