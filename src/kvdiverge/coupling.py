@@ -69,10 +69,11 @@ def crn_uniforms(
     stream: int | Stream,
     salt: int = 0,
 ) -> np.ndarray:
-    """Common random numbers: a uniform in [0, 1) for each (seed, document, replicate, step, stream).
+    """Common random numbers: one uniform in [0, 1) per (seed, document, replicate, step, stream).
 
-    SPEC §6: the reference token X_t is drawn by inverse CDF from a uniform that depends only on
-    (seed, document, replicate, t); the coupling's accept and residual draws use separate streams.
+    SPEC §6: the reference token X_t is drawn by inverse CDF from a uniform that depends only
+    on (seed, document, replicate, t); the coupling's accept and residual draws use separate
+    streams.
     The value is a counter-based hash (SplitMix64 chained over the key), so any subset of draws
     can be generated in any order and batch shape and always gives the same numbers.
     ``replicate`` and ``step`` broadcast against each other; ``salt`` separates further families
