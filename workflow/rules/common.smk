@@ -3,7 +3,6 @@ import os
 
 from kvdiverge.config import module_fingerprint, validate_config
 
-
 validate_config(config, os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"))
 
 
