@@ -158,7 +158,11 @@ def worst_case_absolute_error(estimate: Any, low: Any, high: Any) -> Any:
 
 
 def worst_case_squared_error(estimate: Any, low: Any, high: Any) -> Any:
-    """sup over u in [low, high] of (T − u)² = (T − low − b/2)² + b²/4, b = high − low (SPEC §3)."""
+    """sup over u in [low, high] of (T − u)² = max((T − low)², (T − high)²) (SPEC §3).
+
+    It is at least the average of the two, (T − low − b/2)² + b²/4 with b = high − low, so at
+    least b²/4, with equality at the midpoint.
+    """
     return _scalar(np.asarray(worst_case_absolute_error(estimate, low, high)) ** 2)
 
 
