@@ -1,0 +1,87 @@
+"""Paired, stratified document bootstrap as a weights matrix (SPEC §5, "Uncertainty").
+
+Documents are resampled with replacement within their strata; one draw is a vector of
+multiplicities (a row of the weights matrix) applied to every action's statistics, so contrasts
+are paired. A resampled document mean is then ``weights @ statistics / n`` for all draws and all
+statistics at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["percentile_interval", "resampled_means", "stratified_bootstrap_weights"]
+
+
+def stratified_bootstrap_weights(
+    strata: Sequence[str] | np.ndarray, draws: int, seed: int | np.random.SeedSequence
+) -> np.ndarray:
+    """Multiplicities (draws, n_docs) of documents resampled with replacement within strata.
+
+    Each row keeps every stratum's size: the multiplicities of a stratum's documents sum to its
+    document count (SPEC §5: "resampled within strata"). Seeded and vectorized: one integer draw
+    per (draw, document) and one ``bincount``.
+    """
+    labels = np.asarray(strata)
+    n = labels.shape[0]
+    if draws < 1:
+        raise ValueError(f"bootstrap draws: expected at least 1, got {draws}")
+    if n == 0:
+        raise ValueError("bootstrap: no documents to resample")
+    rng = np.random.default_rng(seed)
+    order = np.argsort(labels, kind="stable")
+    sorted_labels = labels[order]
+    starts = np.flatnonzero(np.r_[True, sorted_labels[1:] != sorted_labels[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    size_of = np.repeat(sizes, sizes)  # per sorted slot: its stratum's size
+    start_of = np.repeat(starts, sizes)
+    picks = start_of + np.floor(rng.random((draws, n)) * size_of).astype(np.int64)
+    picks = np.minimum(picks, start_of + size_of - 1)
+    flat = (np.arange(draws)[:, None] * n + order[picks]).ravel()
+    return np.bincount(flat, minlength=draws * n).reshape(draws, n).astype(np.float64)
+
+
+def resampled_means(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Document means of ``values`` (n_docs, n_stats) under each weight row (draws, n_docs).
+
+    Row r is Σ_i w_ri x_i / Σ_i w_ri: a matrix product, so all draws and statistics at once.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    return (w @ np.asarray(values, dtype=np.float64)) / w.sum(1, keepdims=True)
+
+
+def percentile_interval(
+    draws: np.ndarray, level: float | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap interval per column of ``draws`` (n_draws, n_estimands).
+
+    ``level`` is the coverage (0.95 pointwise, 1 − α/m family-adjusted), scalar or per column.
+    Draws where an estimand is undefined (NaN, e.g. a ratio with a zero denominator) are left
+    out; a column with no finite draw gets a NaN interval.
+    """
+    x = np.asarray(draws, dtype=np.float64)
+    if x.ndim == 1:
+        x = x[:, None]
+    levels = np.broadcast_to(np.asarray(level, dtype=np.float64), (x.shape[1],))
+    if ((levels <= 0) | (levels >= 1)).any():
+        raise ValueError(f"interval level: expected values in (0, 1), got {level}")
+    # Sorting puts NaNs last; each column interpolates among its own finite draws (numpy's
+    # "linear" quantile definition), so all columns are handled in one vectorized pass.
+    ordered = np.sort(x, axis=0)
+    finite = np.isfinite(x).sum(0)
+    lows, highs = (1 - levels) / 2, (1 + levels) / 2
+
+    def quantile(p: np.ndarray) -> np.ndarray:
+        pos = p * np.maximum(finite - 1, 0)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, np.maximum(finite - 1, 0))
+        cols = np.arange(x.shape[1])
+        a, b = ordered[lo, cols], ordered[hi, cols]
+        frac = pos - lo
+        val = a + (b - a) * frac
+        val = np.where(frac == 0, a, val)
+        return np.where(finite > 0, val, np.nan)
+
+    return quantile(lows), quantile(highs)

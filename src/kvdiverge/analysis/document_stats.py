@@ -1,0 +1,447 @@
+"""Per-document sufficient statistics (DESIGN §3.3) from trajectory files (DESIGN §3.2).
+
+Every SPEC §5 estimand is a document average, or a ratio of two document averages, of the
+replicate-averaged per-path quantities computed here. The bootstrap resamples rows of the table
+this module builds, never trajectories.
+
+Per path (one (document, replicate) of one action), with τ the first divergence (H + 1 when
+none), e_X / e_Y the first step at which X / Y has emitted EOS (H + 1 when never),
+e = min(e_X, e_Y), e' = max(e_X, e_Y) and d the branch-cohort depth (64 at H = 128):
+
+=====================  =====================================================================
+column                 per-path value (SPEC §2, §5)
+=====================  =====================================================================
+mismatch               D_H = (1/H) Σ_t I_t
+diverged               1{τ ≤ H}
+tau_diverged           τ·1{τ ≤ H}
+exposure               (H − τ)+ / H
+post_mismatch          (1/H) Σ_{t>τ} I_t
+rollout_tv             (1/H) Σ_t δ_t
+fixed_tv               (1/H) Σ_t f_t
+saturation             (1/H) Σ_t 1{δ_t > threshold}
+div_cdf@t              1{τ ≤ t}, t = 1..H
+delta@t                δ_t, t = 1..H
+branch_cohort          1{τ ≤ d}
+branch@j               1{τ ≤ d} δ_{τ+j}, j = 1..d
+branch_pre@j           1{τ ≤ d, τ+j < e} δ_{τ+j}
+branch_pre_n@j         1{τ ≤ d, τ+j < e}
+rf_seg0..rf_seg3       (1/H) Σ_{t ∈ S_k} (δ_t − f_t), EOS segments S0..S3
+local_run              1{τ ≤ d} · 1{≥ run consecutive agreements at τ < t < e}
+local_reentry          1{τ ≤ d} · 1{a mismatch at τ < t2 < e after an agreement at τ < t1 < t2}
+prefix_mismatch        (1/H) Σ_{t ≤ m} I_t, m = prediction prefix (32)
+prefix_diverged        1{τ ≤ m}
+prefix_x_eos           1{e_X ≤ m}
+prefix_y_eos           1{e_Y ≤ m}
+prefix_fixed           (1/H) Σ_{t ≤ m} f_t
+=====================  =====================================================================
+
+plus ``n_paths`` (replicates of the document) and ``cohort_paths`` (paths in the branch cohort).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvdiverge.io import atomic_path
+from kvdiverge.risk import first_divergence
+from kvdiverge.trajectories import (
+    TrajectoryFormatError,
+    read_trajectories,
+    read_trajectory_metadata,
+)
+
+__all__ = [
+    "AnalysisInputError",
+    "Clock",
+    "document_stats",
+    "path_statistics",
+    "read_document_stats",
+    "stat_columns",
+    "write_document_stats",
+]
+
+KEY_COLUMNS = ("doc_id", "action", "stratum", "cohort")
+
+
+class AnalysisInputError(ValueError):
+    """An analysis input (trajectory file, documents table, statistics table) is unusable."""
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Step counts of the SPEC §5 estimands for a horizon H (paper values at H = 128).
+
+    ``branch_depth`` d: the fixed branch cohort τ ≤ d with lags j = 1..d (64);
+    ``window``: early lags 1..window and late lags d − window + 1..d (16);
+    ``blocks``: generation-clock blocks as inclusive (first, last) steps ((1,32),(33,64),(65,128));
+    ``prefix``: prediction features use steps 1..prefix (32);
+    ``agreement_run``: local-agreement run length (16); ``saturation``: δ threshold (.99).
+    """
+
+    H: int
+    branch_depth: int
+    window: int
+    blocks: tuple[tuple[int, int], ...]
+    prefix: int
+    agreement_run: int
+    saturation: float = 0.99
+
+    def __post_init__(self) -> None:
+        h = self.H
+        if h < 2:
+            raise AnalysisInputError(f"clock: H must be at least 2, got {h}")
+        if not 1 <= self.branch_depth <= h // 2:
+            raise AnalysisInputError(
+                f"clock: branch_depth must lie in 1..H/2 = {h // 2} (τ + j ≤ H), "
+                f"got {self.branch_depth}"
+            )
+        if not 1 <= self.window <= self.branch_depth // 2 or self.window < 1:
+            raise AnalysisInputError(
+                f"clock: window must lie in 1..branch_depth/2 = {self.branch_depth // 2}, "
+                f"got {self.window}"
+            )
+        if not 1 <= self.prefix <= h:
+            raise AnalysisInputError(f"clock: prefix must lie in 1..H = {h}, got {self.prefix}")
+        if self.agreement_run < 1:
+            raise AnalysisInputError("clock: agreement_run must be at least 1")
+        edges = [b for blk in self.blocks for b in blk]
+        if not self.blocks or any(lo > hi or lo < 1 or hi > h for lo, hi in self.blocks):
+            raise AnalysisInputError(f"clock: blocks must be steps within 1..{h}, got {edges}")
+
+    @classmethod
+    def for_horizon(
+        cls,
+        H: int,
+        branch_depth: float = 0.5,
+        window: float = 0.125,
+        block_edges: Sequence[float] = (0.25, 0.5),
+        prefix: float = 0.25,
+        agreement_run: float = 0.125,
+        saturation: float = 0.99,
+    ) -> Clock:
+        """The clock with every step count a fraction of H (paper values at H = 128, SPEC §5).
+
+        Fractions are rounded to the nearest step (at least 1). ``block_edges`` are the last
+        steps of every block but the final one, as fractions of H.
+        """
+
+        def steps(f: float) -> int:
+            return max(1, int(round(f * H)))
+
+        d = steps(branch_depth)
+        ends = sorted({steps(f) for f in block_edges if steps(f) < H}) + [H]
+        starts = [1] + [e + 1 for e in ends[:-1]]
+        return cls(
+            H=H,
+            branch_depth=d,
+            window=max(1, int(round(window * H))),
+            blocks=tuple(zip(starts, ends, strict=True)),
+            prefix=steps(prefix),
+            agreement_run=steps(agreement_run),
+            saturation=saturation,
+        )
+
+
+def stat_columns(clock: Clock) -> list[str]:
+    """Names of the per-document statistic columns for ``clock`` (DESIGN §3.3), in order."""
+    scalars = [
+        "mismatch",
+        "diverged",
+        "tau_diverged",
+        "exposure",
+        "post_mismatch",
+        "rollout_tv",
+        "fixed_tv",
+        "saturation",
+        "branch_cohort",
+        "rf_seg0",
+        "rf_seg1",
+        "rf_seg2",
+        "rf_seg3",
+        "local_run",
+        "local_reentry",
+        "prefix_mismatch",
+        "prefix_diverged",
+        "prefix_x_eos",
+        "prefix_y_eos",
+        "prefix_fixed",
+    ]
+    h, d = clock.H, clock.branch_depth
+    profiles = (
+        [f"div_cdf@{t}" for t in range(1, h + 1)]
+        + [f"delta@{t}" for t in range(1, h + 1)]
+        + [f"branch@{j}" for j in range(1, d + 1)]
+        + [f"branch_pre@{j}" for j in range(1, d + 1)]
+        + [f"branch_pre_n@{j}" for j in range(1, d + 1)]
+    )
+    return scalars + profiles
+
+
+def path_statistics(
+    mismatch: np.ndarray,
+    tv_rollout: np.ndarray,
+    tv_fixed: np.ndarray,
+    x_eos: np.ndarray,
+    y_eos: np.ndarray,
+    clock: Clock,
+) -> np.ndarray:
+    """Per-path statistics (rows: paths, columns: :func:`stat_columns`), SPEC §2 and §5.
+
+    Inputs are (n_paths, H) arrays of I_t, δ_t, f_t and the EOS flags (“has emitted EOS at or
+    before t”). The table in the module docstring defines every column.
+    """
+    mism = np.asarray(mismatch, dtype=bool)
+    delta = np.asarray(tv_rollout, dtype=np.float64)
+    fixed = np.asarray(tv_fixed, dtype=np.float64)
+    n, h = mism.shape
+    if h != clock.H:
+        raise AnalysisInputError(f"path_statistics: arrays have H = {h}, clock has H = {clock.H}")
+    steps = np.arange(1, h + 1)
+    tau = first_divergence(mism)
+    e_x = first_divergence(np.asarray(x_eos, dtype=bool))
+    e_y = first_divergence(np.asarray(y_eos, dtype=bool))
+    e_lo, e_hi = np.minimum(e_x, e_y), np.maximum(e_x, e_y)
+    diverged = tau <= h
+    after_tau = steps[None, :] > tau[:, None]
+    d, m = clock.branch_depth, clock.prefix
+
+    cohort = tau <= d
+    lag_steps = np.minimum(tau[:, None] + np.arange(1, d + 1)[None, :], h)  # τ + j, j = 1..d
+    branch_delta = np.take_along_axis(delta, lag_steps - 1, axis=1) * cohort[:, None]
+    pre_eos = cohort[:, None] & (lag_steps < e_lo[:, None])
+
+    gap = delta - fixed
+    t_row = steps[None, :]
+    segments = [
+        t_row < e_lo[:, None],
+        t_row == e_lo[:, None],
+        (t_row > e_lo[:, None]) & (t_row <= e_hi[:, None]),
+        t_row > e_hi[:, None],
+    ]
+
+    window = after_tau & (t_row < e_lo[:, None])  # post-τ, pre-EOS steps
+    agree = window & ~mism
+    agreed_so_far = np.cumsum(agree, axis=1)
+    reset_at = np.maximum.accumulate(np.where(agree, 0, agreed_so_far), axis=1)
+    longest_run = (agreed_so_far - reset_at).max(1)
+    reentry = (window & mism & (agreed_so_far > 0)).any(1)
+
+    cols = [
+        mism.sum(1) / h,
+        diverged.astype(float),
+        np.where(diverged, tau, 0).astype(float),
+        np.clip(h - tau, 0, None) / h,
+        (mism & after_tau).sum(1) / h,
+        delta.mean(1),
+        fixed.mean(1),
+        (delta > clock.saturation).sum(1) / h,
+        cohort.astype(float),
+        *[(gap * s).sum(1) / h for s in segments],
+        (cohort & (longest_run >= clock.agreement_run)).astype(float),
+        (cohort & reentry).astype(float),
+        mism[:, :m].sum(1) / h,
+        (tau <= m).astype(float),
+        (e_x <= m).astype(float),
+        (e_y <= m).astype(float),
+        fixed[:, :m].sum(1) / h,
+    ]
+    profiles = [
+        (tau[:, None] <= steps[None, :]).astype(float),
+        delta,
+        branch_delta,
+        branch_delta * pre_eos,
+        pre_eos.astype(float),
+    ]
+    return np.column_stack([np.column_stack(cols), *profiles])
+
+
+def _documents_frame(documents: pl.DataFrame | str | os.PathLike | Sequence) -> pl.DataFrame:
+    if isinstance(documents, pl.DataFrame):
+        frames = [documents]
+    elif isinstance(documents, (str, os.PathLike)):
+        frames = [pl.read_parquet(documents, columns=["doc_id", "stratum", "cohort"])]
+    else:
+        frames = [pl.read_parquet(p, columns=["doc_id", "stratum", "cohort"]) for p in documents]
+    out = pl.concat([f.select("doc_id", "stratum", "cohort") for f in frames])
+    dup = out.filter(pl.col("doc_id").is_duplicated())
+    if dup.height:
+        raise AnalysisInputError(
+            f"documents: doc_id {dup['doc_id'][0]!r} appears more than once in the documents tables"
+        )
+    return out
+
+
+def _file_statistics(path: str | os.PathLike, clock: Clock | None) -> tuple[pl.DataFrame, int]:
+    """Per-document averages of one trajectory file; returns (frame, H)."""
+    meta = read_trajectory_metadata(path)
+    lf = read_trajectories(path, lazy=True)
+    frame = (
+        lf.select(
+            "doc_id", "replicate", "t", "mismatch", "tv_rollout", "tv_fixed", "x_eos", "y_eos"
+        )
+        .sort("doc_id", "replicate", "t")
+        .collect()
+    )
+    if frame.height == 0:
+        raise AnalysisInputError(f"{path}: trajectory file has no rows")
+    h_data = int(frame["t"].max())
+    h = int(meta.get("H", h_data))
+    if h_data != h:
+        raise AnalysisInputError(f"{path}: steps run to t = {h_data} but the metadata says H = {h}")
+    if clock is not None and h != clock.H:
+        raise AnalysisInputError(
+            f"{path}: H = {h} differs from H = {clock.H} of the other trajectory files"
+        )
+    if frame.height % h:
+        raise AnalysisInputError(
+            f"{path}: {frame.height} rows are not whole paths: every (doc_id, replicate) must "
+            f"have exactly one row for each t = 1..{h}"
+        )
+    n = frame.height // h
+    t = frame["t"].to_numpy().reshape(n, h)
+    rep = frame["replicate"].to_numpy().reshape(n, h)
+    doc_code = frame["doc_id"].rank("dense").to_numpy().reshape(n, h)
+    if not (
+        (t == np.arange(1, h + 1)).all()
+        and (rep == rep[:, :1]).all()
+        and (doc_code == doc_code[:, :1]).all()
+    ):
+        raise AnalysisInputError(
+            f"{path}: every (doc_id, replicate) must have exactly one row for each t = 1..{h}"
+        )
+
+    def grid(name: str) -> np.ndarray:
+        return frame[name].to_numpy().reshape(n, h)
+
+    clock = clock or Clock.for_horizon(h)
+    per_path = path_statistics(
+        grid("mismatch"), grid("tv_rollout"), grid("tv_fixed"), grid("x_eos"), grid("y_eos"), clock
+    )
+    codes = doc_code[:, 0]
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    counts = np.diff(np.r_[starts, n])
+    sums = np.add.reduceat(per_path, starts, axis=0)
+    means = sums / counts[:, None]
+    names = stat_columns(clock)
+    doc_ids = frame["doc_id"].gather(starts * h)
+    out = pl.DataFrame({"doc_id": doc_ids, "n_paths": counts.astype(np.int32)}).hstack(
+        pl.DataFrame(means, schema=names, orient="row")
+    )
+    out = out.with_columns(cohort_paths=pl.col("branch_cohort") * pl.col("n_paths"))
+    return out, h
+
+
+def document_stats(
+    trajectory_files: Mapping[str, Sequence[str | os.PathLike]],
+    documents: pl.DataFrame | str | os.PathLike | Sequence[str | os.PathLike],
+    clock_settings: Mapping[str, object] | None = None,
+    control: str | None = None,
+) -> tuple[pl.DataFrame, Clock]:
+    """One row per (document, action) of replicate-averaged statistics (DESIGN §3.3, SPEC §5).
+
+    Returns the table and the :class:`Clock` its profile columns follow.
+
+    ``trajectory_files`` maps each action to its trajectory files (one per stratum);
+    ``documents`` gives each doc_id's stratum and cohort (DESIGN §3.1). ``clock_settings`` are
+    keyword arguments of :meth:`Clock.for_horizon`. Every non-control action must cover the
+    same documents; the control may cover more (it runs every document, SPEC §5).
+
+    Errors (one line naming the file): a missing column or wrong type, mismatched H across
+    files, incomplete paths, a document absent from the documents table, an action missing for
+    some documents.
+    """
+    docs = _documents_frame(documents)
+    settings = dict(clock_settings or {})
+    clock: Clock | None = None
+    per_action: dict[str, pl.DataFrame] = {}
+    source: dict[tuple[str, str], str] = {}
+    for action, paths in trajectory_files.items():
+        parts = []
+        for path in paths:
+            try:
+                if clock is None:
+                    h = int(read_trajectory_metadata(path).get("H", 0)) or None
+                    if h is None:
+                        h = int(
+                            read_trajectories(path, lazy=True)
+                            .select(pl.col("t").max())
+                            .collect()
+                            .item()
+                        )
+                    clock = Clock.for_horizon(h, **settings)
+                frame, _ = _file_statistics(path, clock)
+            except TrajectoryFormatError as exc:
+                raise AnalysisInputError(str(exc)) from exc
+            unknown = frame.join(docs, on="doc_id", how="anti")
+            if unknown.height:
+                raise AnalysisInputError(
+                    f"{path}: doc_id {unknown['doc_id'][0]!r} is not in the documents table"
+                )
+            for d in frame["doc_id"]:
+                source[(action, d)] = str(path)
+            parts.append(frame)
+        if not parts:
+            raise AnalysisInputError(f"action {action!r}: no trajectory files")
+        stacked = pl.concat(parts)
+        dup = stacked.filter(pl.col("doc_id").is_duplicated())
+        if dup.height:
+            raise AnalysisInputError(
+                f"{source[(action, dup['doc_id'][0])]}: doc_id {dup['doc_id'][0]!r} appears in "
+                f"more than one trajectory file of action {action!r}"
+            )
+        per_action[action] = stacked.with_columns(action=pl.lit(action))
+
+    compared = [a for a in per_action if a != control]
+    if compared:
+        union = set().union(*(set(per_action[a]["doc_id"]) for a in compared))
+        for a in compared:
+            missing = sorted(union - set(per_action[a]["doc_id"]))
+            if missing:
+                files = sorted(
+                    {source[(b, missing[0])] for b in compared if (b, missing[0]) in source}
+                )
+                raise AnalysisInputError(
+                    f"action {a!r} lacks {len(missing)} document(s) present for other actions, "
+                    f"e.g. {missing[0]!r} (in {files[0]}); its files: "
+                    f"{', '.join(map(str, trajectory_files[a]))}"
+                )
+    out = pl.concat(list(per_action.values())).join(docs, on="doc_id", how="left")
+    frame = out.select(*KEY_COLUMNS, "n_paths", "cohort_paths", *stat_columns(clock))
+    return frame.sort("action", "stratum", "doc_id"), clock
+
+
+def write_document_stats(frame: pl.DataFrame, path: str | os.PathLike, clock: Clock) -> None:
+    """Write a document-statistics table atomically, with its clock as Parquet metadata."""
+    table = frame.to_arrow()
+    meta = {b"kvdiverge.clock": json.dumps(asdict(clock)).encode()}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+    with atomic_path(path, suffix=".parquet") as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def read_document_stats(path: str | os.PathLike) -> tuple[pl.DataFrame, Clock]:
+    """Read a table written by :func:`write_document_stats`; checks its columns (DESIGN §3.3)."""
+    try:
+        raw = (pq.read_schema(path).metadata or {}).get(b"kvdiverge.clock")
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise AnalysisInputError(f"{path}: not a readable Parquet file ({exc})") from exc
+    if raw is None:
+        raise AnalysisInputError(f"{path}: no kvdiverge.clock metadata (not a document-stats file)")
+    spec = json.loads(raw)
+    spec["blocks"] = tuple(tuple(b) for b in spec["blocks"])
+    clock = Clock(**spec)
+    frame = pl.read_parquet(path)
+    missing = [c for c in (*KEY_COLUMNS, "n_paths", *stat_columns(clock)) if c not in frame.columns]
+    if missing:
+        raise AnalysisInputError(
+            f"{path}: missing document-stats column(s) {', '.join(missing[:5])}"
+        )
+    return frame, clock

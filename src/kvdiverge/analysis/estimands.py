@@ -1,0 +1,385 @@
+"""Every estimand of SPEC §5, pooled and per stratum, with paired bootstrap intervals.
+
+Each estimand is a function of document means of the statistics of
+:mod:`kvdiverge.analysis.document_stats` ("documents weigh equally; a ratio estimand is the
+ratio of document-averaged numerator and denominator"). All functions here are vectorized over
+a leading axis of bootstrap draws (row 0 is the observed sample) and an axis of actions, so the
+whole table is a few matrix products and one sort.
+
+Estimand names (DESIGN §3.4), per action:
+
+* timing and occupation (SPEC §2): ``R_smc``, ``O_H``, ``E_H``, ``C_H``, ``Pi_H``,
+  ``div_prob`` = P(τ ≤ H), ``mean_entry_time`` = E[τ | τ ≤ H], ``div_cdf@t`` = P(τ ≤ t);
+* risks: ``R`` (rollout TV), ``F`` (fixed history), ``R_minus_F``;
+* generation clock: ``tv@t`` = E[δ_t]; ``block_tv@a:b`` = |J|⁻¹ Σ_{t∈J} E[δ_t], whose contrast
+  is g_J; ``block_tv_change`` = last block − first block, whose contrast is Δg;
+* divergence clock: ``branch_cohort_fraction`` = P(τ ≤ d), ``branch_cohort_docs`` and
+  ``branch_cohort_paths`` (counts), ``branch_tv@j`` = b_j, ``branch_early``, ``branch_late``,
+  ``branch_contrast_B`` = B(a); pre-EOS: ``branch_pre_tv@j``, ``branch_pre_early``,
+  ``branch_pre_late``, ``branch_pre_contrast_B`` (b^pre_J pools numerators and denominators
+  over the window);
+* ``S_99`` = (1/H) Σ_t P(δ_t > .99);
+* EOS segments of R − F: ``rf_S0`` … ``rf_S3``, ``pre_eos_share`` = S0 / (R − F), ``eos_share``
+  = 1 − pre_eos_share;
+* local agreement in the branch cohort: ``local_agreement_run``, ``local_reentry``;
+* Table 4: ``flat_extrapolation`` = mean I_t over steps 1..prefix, ``R_minus_flat``.
+
+Contrasts ``b - a`` carry the difference of every estimand above (shares recomputed on the
+differences) plus the gap decomposition ``gap_occurrence`` = ΔO_H, ``gap_exposure`` = ΔE_H·C̄_H,
+``gap_rate`` = ΔC_H·Ē_H and their shares of ΔR_smc (``occurrence_share``, ``exposure_share``,
+``rate_share``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import polars as pl
+
+from kvdiverge.analysis.bootstrap import percentile_interval, stratified_bootstrap_weights
+from kvdiverge.analysis.document_stats import AnalysisInputError, Clock, stat_columns
+from kvdiverge.io import atomic_path, atomic_write_text
+from kvdiverge.risk import gap_decomposition
+
+__all__ = [
+    "ESTIMAND_COLUMNS",
+    "action_estimands",
+    "all_pairs",
+    "bootstrap_estimands",
+    "contrast_estimands",
+    "estimands_table",
+    "render_markdown",
+    "write_estimands",
+]
+
+ESTIMAND_COLUMNS = (
+    "model",
+    "action",
+    "contrast",
+    "stratum",
+    "estimand",
+    "value",
+    "ci_low",
+    "ci_high",
+    "ci_level",
+    "n_docs",
+    "n_paths",
+)
+
+_EXTRA = ("n_paths", "cohort_paths", "cohort_any")
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den, NaN where the denominator is zero (an undefined ratio estimand)."""
+    out = np.full(np.broadcast_shapes(np.shape(num), np.shape(den)), np.nan)
+    np.divide(num, den, out=out, where=np.asarray(den) != 0)
+    return out
+
+
+def action_estimands(
+    means: Mapping[str, np.ndarray], clock: Clock, n_docs: int
+) -> dict[str, np.ndarray]:
+    """Per-action estimands of SPEC §5 from document means (module docstring lists them).
+
+    ``means[name]`` holds the document mean of statistic ``name`` with any leading shape (e.g.
+    (draws, actions)); every result has that shape. ``n_docs`` scales the cohort counts.
+    """
+    h, d, w = clock.H, clock.branch_depth, clock.window
+    m = means
+    out: dict[str, np.ndarray] = {
+        "R_smc": m["mismatch"],
+        "O_H": m["diverged"] / h,
+        "E_H": m["exposure"],
+        "C_H": _ratio(m["post_mismatch"], m["exposure"]),
+        "Pi_H": m["post_mismatch"],
+        "div_prob": m["diverged"],
+        "mean_entry_time": _ratio(m["tau_diverged"], m["diverged"]),
+        "R": m["rollout_tv"],
+        "F": m["fixed_tv"],
+        "R_minus_F": m["rollout_tv"] - m["fixed_tv"],
+        "S_99": m["saturation"],
+    }
+    for t in range(1, h + 1):
+        out[f"div_cdf@{t}"] = m[f"div_cdf@{t}"]
+    for t in range(1, h + 1):
+        out[f"tv@{t}"] = m[f"delta@{t}"]
+    blocks = []
+    for lo, hi in clock.blocks:
+        blocks.append(sum(m[f"delta@{t}"] for t in range(lo, hi + 1)) / (hi - lo + 1))
+        out[f"block_tv@{lo}:{hi}"] = blocks[-1]
+    out["block_tv_change"] = blocks[-1] - blocks[0]
+
+    cohort = m["branch_cohort"]
+    out["branch_cohort_fraction"] = cohort
+    out["branch_cohort_docs"] = m["cohort_any"] * n_docs
+    out["branch_cohort_paths"] = m["cohort_paths"] * n_docs
+    early, late = range(1, w + 1), range(d - w + 1, d + 1)
+    for j in range(1, d + 1):
+        out[f"branch_tv@{j}"] = _ratio(m[f"branch@{j}"], cohort)
+    out["branch_early"] = _ratio(sum(m[f"branch@{j}"] for j in early) / w, cohort)
+    out["branch_late"] = _ratio(sum(m[f"branch@{j}"] for j in late) / w, cohort)
+    out["branch_contrast_B"] = out["branch_late"] - out["branch_early"]
+    for j in range(1, d + 1):
+        out[f"branch_pre_tv@{j}"] = _ratio(m[f"branch_pre@{j}"], m[f"branch_pre_n@{j}"])
+
+    def pre_window(lags: range) -> np.ndarray:
+        num = sum(m[f"branch_pre@{j}"] for j in lags)
+        return _ratio(num, sum(m[f"branch_pre_n@{j}"] for j in lags))
+
+    out["branch_pre_early"] = pre_window(early)
+    out["branch_pre_late"] = pre_window(late)
+    out["branch_pre_contrast_B"] = out["branch_pre_late"] - out["branch_pre_early"]
+
+    for k in range(4):
+        out[f"rf_S{k}"] = m[f"rf_seg{k}"]
+    out["pre_eos_share"] = _ratio(m["rf_seg0"], out["R_minus_F"])
+    out["eos_share"] = 1 - out["pre_eos_share"]
+    out["local_agreement_run"] = _ratio(m["local_run"], cohort)
+    out["local_reentry"] = _ratio(m["local_reentry"], cohort)
+    out["flat_extrapolation"] = m["prefix_mismatch"] * h / clock.prefix
+    out["R_minus_flat"] = m["rollout_tv"] - out["flat_extrapolation"]
+    return out
+
+
+_RECOMPUTED_SHARES = ("pre_eos_share", "eos_share")
+
+
+def contrast_estimands(
+    per_action: Mapping[str, np.ndarray], minuend: np.ndarray, subtrahend: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Contrasts ``b − a`` of every per-action estimand, plus the gap decomposition (SPEC §2).
+
+    ``per_action[name]`` has actions on its last axis; ``minuend`` / ``subtrahend`` index it
+    (one entry per contrast). ΔR_smc = ΔO_H + ΔE_H·C̄_H + ΔC_H·Ē_H holds exactly.
+    """
+    b, a = np.asarray(minuend), np.asarray(subtrahend)
+
+    def diff(name: str) -> np.ndarray:
+        return per_action[name][..., b] - per_action[name][..., a]
+
+    out = {k: diff(k) for k in per_action if k not in _RECOMPUTED_SHARES}
+    out["pre_eos_share"] = _ratio(out["rf_S0"], out["R_minus_F"])
+    out["eos_share"] = 1 - out["pre_eos_share"]
+    moments = ("O_H", "E_H", "Pi_H")
+    gap = gap_decomposition(
+        {k: per_action[k][..., a] for k in moments}, {k: per_action[k][..., b] for k in moments}
+    )
+    for term in ("occurrence", "exposure", "rate"):
+        out[f"gap_{term}"] = gap[term]
+        out[f"{term}_share"] = gap[f"{term}_share"]
+    return out
+
+
+def all_pairs(actions: Sequence[str]) -> list[tuple[str, str]]:
+    """Every pair of distinct actions as (b, a) for the contrast ``b − a``, in list order."""
+    return [(b, a) for b, a in itertools.combinations(actions, 2)]
+
+
+def _aligned_matrix(
+    stats: pl.DataFrame, actions: Sequence[str], clock: Clock, where: str
+) -> tuple[pl.DataFrame, np.ndarray, list[str]]:
+    """(documents, values[n_docs, n_actions, n_stats], stat names), documents aligned."""
+    names = [*stat_columns(clock), *_EXTRA]
+    stats = stats.with_columns(cohort_any=(pl.col("cohort_paths") > 0).cast(pl.Float64))
+    docs = None
+    blocks = []
+    for action in actions:
+        rows = stats.filter(pl.col("action") == action).sort("stratum", "doc_id")
+        if rows.height == 0:
+            raise AnalysisInputError(f"{where}: no documents for action {action!r}")
+        if docs is None:
+            docs = rows.select("doc_id", "stratum")
+        elif not rows["doc_id"].equals(docs["doc_id"]):
+            missing = sorted(set(docs["doc_id"]) ^ set(rows["doc_id"]))
+            raise AnalysisInputError(
+                f"{where}: action {action!r} covers different documents than {actions[0]!r} "
+                f"(e.g. {missing[0]!r}); every action needs every document"
+            )
+        blocks.append(rows.select(names).to_numpy().astype(np.float64))
+    return docs, np.stack(blocks, axis=1), names
+
+
+def bootstrap_estimands(
+    stats: pl.DataFrame,
+    clock: Clock,
+    actions: Sequence[str],
+    contrasts: Sequence[tuple[str, str]],
+    weights: np.ndarray,
+    strata: str | None = None,
+    where: str = "document stats",
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int, np.ndarray]:
+    """Estimands under each weight row for the documents of one stratum (or all, ``None``).
+
+    ``stats`` holds one (document, action) row per document of the analysed cohort;
+    ``weights`` (draws, n_docs) are multiplicities over the documents ordered by (stratum,
+    doc_id), the same for every action (paired). Returns (per-action estimands with shape
+    (draws, n_actions), contrast estimands with shape (draws, n_contrasts), n_docs, paths per
+    action).
+    """
+    docs, values, names = _aligned_matrix(stats, actions, clock, where)
+    select = np.ones(docs.height, bool)
+    if strata is not None:
+        select = (docs["stratum"] == strata).to_numpy()
+    if not select.any():
+        raise AnalysisInputError(f"{where}: stratum {strata!r} has no documents")
+    w = weights[:, select]
+    v = values[select]
+    n_docs, n_actions, n_stats = v.shape
+    flat = (w @ v.reshape(n_docs, -1)) / w.sum(1, keepdims=True)
+    means_arr = flat.reshape(-1, n_actions, n_stats)
+    means = {name: means_arr[..., i] for i, name in enumerate(names)}
+    per_action = action_estimands(means, clock, n_docs)
+    index = {a: i for i, a in enumerate(actions)}
+    minuend = [index[b] for b, _ in contrasts]
+    subtrahend = [index[a] for _, a in contrasts]
+    per_contrast = contrast_estimands(per_action, minuend, subtrahend) if contrasts else {}
+    paths = v[:, :, names.index("n_paths")].sum(0)
+    return per_action, per_contrast, n_docs, paths
+
+
+def estimands_table(
+    stats: pl.DataFrame,
+    clock: Clock,
+    *,
+    model: str,
+    actions: Sequence[str],
+    contrasts: Sequence[tuple[str, str]] | None = None,
+    cohort: str | None = None,
+    draws: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    family_estimands: Sequence[str] = (),
+    family_size: int = 1,
+    family_alpha: float = 0.05,
+    control: str | None = None,
+    strata: Sequence[str] | None = None,
+    where: str = "document stats",
+) -> pl.DataFrame:
+    """The DESIGN §3.4 long table for one model: pooled and per-stratum rows, with contrasts.
+
+    Only documents of ``cohort`` (all when ``None``) enter. Intervals are percentile intervals
+    of a paired, stratified document bootstrap with ``draws`` draws (seeded); ``level`` is the
+    pointwise coverage. The pooled rows of ``family_estimands`` for non-control actions get the
+    family-adjusted level 1 − ``family_alpha``/``family_size`` (study 2's eight endpoints).
+    Contrasts default to every pair of non-control actions. ``strata``, when given, lists the
+    strata that must each hold documents of the cohort. ``where`` names the input in errors.
+    """
+    if cohort is not None:
+        stats = stats.filter(pl.col("cohort") == cohort)
+        if stats.height == 0:
+            raise AnalysisInputError(f"{where}: cohort {cohort!r} has no documents")
+    missing = [a for a in actions if a not in set(stats["action"])]
+    if missing:
+        raise AnalysisInputError(f"{where}: action {missing[0]!r} has no rows")
+    compared = [a for a in actions if a != control]
+    contrasts = all_pairs(compared) if contrasts is None else list(contrasts)
+    docs, _, _ = _aligned_matrix(stats, actions, clock, where)
+    strata_labels = docs["stratum"].to_numpy()
+    for stratum in strata or ():
+        if stratum not in set(strata_labels):
+            raise AnalysisInputError(f"{where}: stratum {stratum!r} has no documents")
+    boot = stratified_bootstrap_weights(strata_labels, draws, np.random.SeedSequence(seed))
+    weights = np.vstack([np.ones((1, docs.height)), boot])
+    family_level = 1 - family_alpha / family_size
+    frames = []
+    for stratum in [None, *sorted(set(strata_labels))]:
+        per_action, per_contrast, n_docs, paths = bootstrap_estimands(
+            stats, clock, actions, contrasts, weights, stratum, where
+        )
+        label = "pooled" if stratum is None else stratum
+        for kind, table, names in (
+            ("action", per_action, list(actions)),
+            ("contrast", per_contrast, [f"{b} - {a}" for b, a in contrasts]),
+        ):
+            if not table:
+                continue
+            keys = list(table)
+            cube = np.stack([table[k] for k in keys], axis=1)  # (draws, estimands, units)
+            n_units = cube.shape[2]
+            levels = np.full((len(keys), n_units), level)
+            if stratum is None and kind == "action" and family_size > 1:
+                for i, k in enumerate(keys):
+                    if k in family_estimands:
+                        levels[i, [j for j, a in enumerate(names) if a != control]] = family_level
+            low, high = percentile_interval(cube[1:].reshape(cube.shape[0] - 1, -1), levels.ravel())
+            unit_paths = (
+                paths
+                if kind == "action"
+                else np.array(
+                    [paths[actions.index(b)] + paths[actions.index(a)] for b, a in contrasts]
+                )
+            )
+            frames.append(
+                pl.DataFrame(
+                    {
+                        "model": model,
+                        "action": np.tile(names if kind == "action" else [""] * n_units, len(keys)),
+                        "contrast": np.tile(
+                            [""] * n_units if kind == "action" else names, len(keys)
+                        ),
+                        "stratum": label,
+                        "estimand": np.repeat(keys, n_units),
+                        "value": cube[0].ravel(),
+                        "ci_low": low,
+                        "ci_high": high,
+                        "ci_level": levels.ravel(),
+                        "n_docs": n_docs,
+                        "n_paths": np.tile(unit_paths, len(keys)).astype(np.int64),
+                    }
+                )
+            )
+    return pl.concat(frames).select(ESTIMAND_COLUMNS)
+
+
+def study_seed(seed: int, study: str) -> int:
+    """The bootstrap seed of a study: the master seed mixed with the study name (SPEC §6)."""
+    return int(seed) * 1_000_003 + zlib.crc32(study.encode())
+
+
+_MARKDOWN_STRATUM_ESTIMANDS = (
+    "R_smc",
+    "O_H",
+    "E_H",
+    "C_H",
+    "Pi_H",
+    "R_minus_F",
+    "S_99",
+    "branch_contrast_B",
+    "block_tv_change",
+    "exposure_share",
+)
+
+
+def render_markdown(table: pl.DataFrame, digits: int = 4) -> str:
+    """A Markdown rendering of an estimands table: pooled scalar estimands, and per-stratum rows
+    of the headline estimands (profiles ``name@t`` are in the CSV only)."""
+    scalar = table.filter(~pl.col("estimand").str.contains("@"))
+    keep = scalar.filter(
+        (pl.col("stratum") == "pooled") | pl.col("estimand").is_in(_MARKDOWN_STRATUM_ESTIMANDS)
+    )
+    lines = [
+        "| model | action | contrast | stratum | estimand | value | interval | level | docs "
+        "| paths |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def fmt(x: float | None) -> str:
+        return "NA" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
+
+    for r in keep.iter_rows(named=True):
+        lines.append(
+            f"| {r['model']} | {r['action'] or ''} | {r['contrast'] or ''} | {r['stratum']} | "
+            f"{r['estimand']} | {fmt(r['value'])} | [{fmt(r['ci_low'])}, {fmt(r['ci_high'])}] | "
+            f"{r['ci_level']:.5g} | {r['n_docs']} | {r['n_paths']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_estimands(table: pl.DataFrame, csv_path: str, md_path: str) -> None:
+    """Write the estimands table as CSV and its Markdown rendering, both atomically."""
+    with atomic_path(csv_path, suffix=".csv") as tmp:
+        table.write_csv(tmp)
+    atomic_write_text(md_path, render_markdown(table))
