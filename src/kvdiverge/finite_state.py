@@ -10,19 +10,38 @@ a chain to a state whose kernels are the point mass on EOS and which EOS maps to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import polars as pl
 
-from kvdiverge.coupling import Stream, crn_uniforms, maximal_coupling_step, tv
+from kvdiverge.coupling import (
+    Stream,
+    crn_uniforms,
+    inverse_cdf,
+    maximal_coupling_joint,
+    maximal_coupling_step,
+    tv,
+)
+from kvdiverge.identification import observed_contribution, unobserved_capacity
 
 __all__ = [
+    "BranchReplicates",
+    "ExactRisk",
     "FiniteStateKernelPair",
     "coupled_rollouts",
+    "exact_risk",
     "family",
     "family_parameters",
+    "hoeffding_halfwidth",
+    "identified_interval_estimate",
+    "naive_replicates",
+    "random_machine",
+    "study_tables",
+    "study_summary",
+    "swrb_replicates",
 ]
 
 _ROW_SUM_TOL = 1e-9
@@ -189,6 +208,10 @@ FAMILY_KEYS = (
     "eos_prob",
     "dirichlet_alpha",
     "alt_strength",
+    "n_reps",
+    "window_depths",
+    "interval_figure_systems",
+    "alpha",
 )
 
 
@@ -203,6 +226,17 @@ def _family_section(config: Mapping[str, Any]) -> tuple[int, Mapping[str, Any]]:
         raise ValueError(
             f"config.finite_state.{missing[0]}: missing (validate the config against "
             "workflow/schemas/config.schema.yaml, which fills the defaults)"
+        )
+    if section["eos_prob"] > 0 and section["n_tokens"] < 3:
+        raise ValueError(
+            "config.finite_state.n_tokens: expected at least 3 when eos_prob > 0 "
+            f"(two words and EOS), got {section['n_tokens']}"
+        )
+    too_large = [s for s in section["interval_figure_systems"] if s >= section["n_systems"]]
+    if too_large:
+        raise ValueError(
+            "config.finite_state.interval_figure_systems: expected system indices < n_systems "
+            f"({section['n_systems']}), got {too_large[0]}"
         )
     return int(config["seed"]), section
 
@@ -293,3 +327,419 @@ def family(config: Mapping[str, Any]) -> list[FiniteStateKernelPair]:
         Q = (1 - lam) * P + lam * A
         pairs.append(FiniteStateKernelPair(P=P, Q=Q, transition=trans, init_state=0, eos=eos))
     return pairs
+
+
+# --------------------------------------------------------------------------------------------
+# Exact dynamic programming over the coupled chain
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExactRisk:
+    """Exact divergence-timing quantities of a kernel pair over horizon H (SPEC §2, §3).
+
+    ``p[s-1]`` = p_s = P(τ = s); ``rho[s-1, j]`` = ρ_{s,j} = P(I_{s+j} = 1 | τ = s) for
+    0 ≤ j ≤ H − s (ρ_{s,0} = 1; entries with p_s = 0 or j > H − s are 0); ``mismatch`` holds
+    E[I_t] for t = 1..H. Scalars: R_SMC, O_H, Π_H, E_H, C_H (C_H is NaN when E_H = 0).
+    """
+
+    H: int
+    p: np.ndarray
+    rho: np.ndarray
+    mismatch: np.ndarray
+    R_smc: float
+    O_H: float
+    Pi_H: float
+    E_H: float
+    C_H: float
+
+    @property
+    def divergence_probability(self) -> float:
+        """P(τ ≤ H) = Σ_s p_s (= H·O_H), the mean of SWRB's M."""
+        return float(self.p.sum())
+
+    def R_L(self, L: int) -> float:
+        """Observed contribution R_L = (1/H) Σ_s p_s Σ_{j<ℓ_s} ρ_{s,j} (SPEC §3)."""
+        return float(observed_contribution(self.p, self.rho, self.H, L))
+
+    def B_L(self, L: int) -> float:
+        """Unobserved capacity B_L = (1/H) Σ_s p_s (H − s + 1 − ℓ_s) (SPEC §3)."""
+        return float(unobserved_capacity(self.p, self.H, L))
+
+
+def _pair_operators(
+    pair: FiniteStateKernelPair,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Coupled-chain operators from the stepwise maximal-coupling joint laws (SPEC §1).
+
+    Returns ``(agree, enter, K, delta)``: ``agree[s, s']`` the probability of agreeing and moving
+    s → s'; ``enter[s, x'·S + y']`` the probability of diverging in agreed state s and landing in
+    state pair (x', y'); ``K`` the (S², S²) one-step operator on state pairs; ``delta[x·S + y]``
+    = TV(P[x], Q[y]) = P(I_t = 1 | states (x, y)).
+    """
+    S, V = pair.n_states, pair.n_tokens
+    T = pair.transition
+    K = np.zeros((S * S, S * S))
+    agree = np.zeros((S, S))
+    enter = np.zeros((S, S * S))
+    delta = np.empty(S * S)
+    off_diagonal = ~np.eye(V, dtype=bool)
+    for x in range(S):
+        for y in range(S):
+            joint = maximal_coupling_joint(pair.P[x], pair.Q[y])
+            target = T[x][:, None] * S + T[y][None, :]
+            np.add.at(K[x * S + y], target, joint)
+            delta[x * S + y] = tv(pair.P[x], pair.Q[y])
+            if x == y:
+                np.add.at(agree[x], T[x], np.diag(joint))
+                np.add.at(enter[x], target[off_diagonal], joint[off_diagonal])
+    return agree, enter, K, delta
+
+
+def exact_risk(pair: FiniteStateKernelPair, H: int) -> ExactRisk:
+    """Exact R_SMC, O_H, Π_H, E_H, C_H, p_s and the full ρ by DP over the coupled chain.
+
+    SPEC §2-§4 (finite-state study). Before divergence both chains share one state; at step t the
+    agreed mass in state s diverges with probability e_s = TV(P[s], Q[s]) into the state pairs
+    given by the off-diagonal of the maximal-coupling joint law; after divergence the law of the
+    state pair (x, y) evolves by the one-step operator K, and E[I_t | x, y] = TV(P[x], Q[y]).
+    One propagation per entry time s gives E[I_{s+j} 1{τ = s}] for every j ≤ H − s.
+    """
+    _check_positive_int("H", H)
+    S = pair.n_states
+    agree, enter, K, delta = _pair_operators(pair)
+    e_agreed = delta[np.arange(S) * S + np.arange(S)]
+    mass = np.zeros(S)
+    mass[pair.init_state] = 1.0
+    p = np.empty(H)
+    branch = np.zeros((H, S * S))  # law of the state pair just after divergence at step s
+    for t in range(H):
+        p[t] = mass @ e_agreed
+        branch[t] = mass @ enter
+        mass = mass @ agree
+    # joint[s-1, j] = E[I_{s+j} 1{τ = s}] for j ≥ 1 (j = 0 is p_s)
+    joint = np.zeros((H, H))
+    joint[:, 0] = p
+    current = branch
+    for j in range(1, H):
+        joint[: H - j, j] = current[: H - j] @ delta
+        current = current[: H - j - 1] @ K
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.where(p[:, None] > 0, joint / np.where(p > 0, p, 1.0)[:, None], 0.0)
+    s_idx = np.arange(H)[:, None]
+    j_idx = np.arange(H)[None, :]
+    diag_index = s_idx + j_idx  # t − 1 for entry s and lag j
+    mismatch = np.bincount(diag_index[diag_index < H], weights=joint[diag_index < H], minlength=H)
+    R = float(mismatch.sum() / H)
+    O = float(p.sum() / H)
+    post = float(joint[:, 1:].sum() / H)
+    exposure = float((p * (H - np.arange(1, H + 1))).sum() / H)
+    C = post / exposure if exposure > 0 else float("nan")
+    return ExactRisk(
+        H=H, p=p, rho=rho, mismatch=mismatch, R_smc=R, O_H=O, Pi_H=post, E_H=exposure, C_H=C
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Estimators: naive rollouts and Survival-Weighted Residual Branching
+# --------------------------------------------------------------------------------------------
+
+NAIVE_SALT = 0
+SWRB_SALT = 1
+
+
+@dataclass(frozen=True)
+class BranchReplicates:
+    """Per-replicate output of a branch estimator (SPEC §4), naive or SWRB.
+
+    ``weight`` (n,): the factor in front of the branch — 1 for a naive rollout, M = P(τ ≤ H | U)
+    for SWRB; ``entry`` (n,): the branch entry time (τ for naive, J for SWRB; H + 1 when there is
+    no branch); ``mismatch`` (n, H): I_t of the sampled trajectory (zero before ``entry``);
+    ``cost`` (n,): kernel-pair evaluations spent. Every estimator below is
+    ``weight × (a statistic of the branch)``, so the same methods serve both samplers.
+    """
+
+    H: int
+    weight: np.ndarray
+    entry: np.ndarray
+    mismatch: np.ndarray
+    cost: np.ndarray
+
+    @property
+    def n(self) -> int:
+        """Number of replicates."""
+        return self.weight.shape[0]
+
+    def _has_branch(self) -> np.ndarray:
+        return self.entry <= self.H
+
+    def Z_R(self) -> np.ndarray:
+        """Z^R = M·D_J for SWRB, B·D_H for naive: unbiased for R_SMC (SPEC §4.4)."""
+        return self.weight * self.mismatch.sum(1) / self.H
+
+    def Z_O(self) -> np.ndarray:
+        """Z^O = M/H for SWRB, 1{τ ≤ H}/H for naive: unbiased for O_H (SPEC §4.4)."""
+        return self.weight * self._has_branch() / self.H
+
+    def Z_Pi(self) -> np.ndarray:
+        """Z^Π = M(D_J − 1/H) for SWRB, B(D_H − 1/H) for naive: unbiased for Π_H (SPEC §4.4)."""
+        return self.Z_R() - self.Z_O()
+
+    def Z_L(self, L: int) -> np.ndarray:
+        """Z_L = M·(1/H) Σ_{j<ℓ_J} I_{J+j}: unbiased for R_L (SPEC §4.5)."""
+        _check_positive_int("L", L)
+        t = np.arange(1, self.H + 1)[None, :]
+        start = self.entry[:, None]
+        inside = (t >= start) & (t < start + L)
+        return self.weight * (self.mismatch & inside).sum(1) / self.H
+
+    def W_L(self, L: int) -> np.ndarray:
+        """W_L = M·(H − J + 1 − ℓ_J)/H: unbiased for B_L (SPEC §4.5)."""
+        _check_positive_int("L", L)
+        remaining = np.clip(self.H - self.entry + 1, 0, None)
+        return self.weight * (remaining - np.minimum(L, remaining)) / self.H
+
+
+def naive_replicates(
+    pair: FiniteStateKernelPair,
+    H: int,
+    n_reps: int,
+    seed: int,
+    document: int | str = 0,
+    salt: int = NAIVE_SALT,
+) -> BranchReplicates:
+    """Naive estimator: one full coupled rollout per replicate, B·D_H (SPEC §4.4).
+
+    Cost: one kernel-pair evaluation per step at which at least one chain is outside the
+    absorbing EOS states (H per rollout without EOS); once both have emitted EOS the rest of the
+    rollout is known (I_t = 0) and needs no evaluation.
+    """
+    r = coupled_rollouts(pair, H, n_reps, seed, document, salt=salt)
+    mismatch = r["mismatch"]
+    entry = np.where(mismatch.any(1), mismatch.argmax(1) + 1, H + 1)
+    both_absorbed_before = np.zeros((n_reps, H), dtype=bool)
+    both_absorbed_before[:, 1:] = (r["x_eos"] & r["y_eos"])[:, :-1]
+    cost = (~both_absorbed_before).sum(1)
+    return BranchReplicates(H=H, weight=np.ones(n_reps), entry=entry, mismatch=mismatch, cost=cost)
+
+
+def swrb_replicates(
+    pair: FiniteStateKernelPair,
+    H: int,
+    n_reps: int,
+    seed: int,
+    document: int | str = 0,
+    salt: int = SWRB_SALT,
+) -> BranchReplicates:
+    """Survival-Weighted Residual Branching, vectorized over replicates (SPEC §4).
+
+    1. Overlap scan: U_s ~ c_s/(1 − e_s) on the agreed history, by inverse CDF at the
+       ``SWRB_SCAN`` stream. The scan stops early where e_s = 1 (K∩ undefined, later weights 0)
+       and where U enters an absorbing EOS state (from there on e_s = 0 exactly).
+    2. w_s = e_s Π_{r<s}(1 − e_r), M = Σ_s w_s.
+    3. J ~ w/M by inverse CDF at the ``SWRB_ENTRY`` stream; the residual pair at J:
+       X_J ~ (p − c)/e (``REFERENCE`` stream, step J), Y_J ~ (q − c)/e (``RESIDUAL`` stream);
+       then the stepwise maximal coupling (accept sampler, streams ``REFERENCE``, ``ACCEPT``,
+       ``RESIDUAL`` at steps J+1..H) continues to H.
+
+    Cost = scan steps evaluated + continuation steps J+1..H at which at least one chain is
+    outside the absorbing EOS states (the residual pair at J reuses the scan's evaluation).
+    """
+    _check_positive_int("H", H)
+    _check_positive_int("n_reps", n_reps)
+    reps = np.arange(n_reps)
+    absorbing = pair.absorbing_states()
+    T = pair.transition
+    state = np.full(n_reps, pair.init_state, dtype=np.int64)
+    scanning = np.ones(n_reps, dtype=bool)
+    e = np.zeros((n_reps, H))
+    scan_states = np.empty((n_reps, H), dtype=np.int64)
+    scan_cost = np.zeros(n_reps, dtype=np.int64)
+    for t in range(1, H + 1):
+        scanning &= ~absorbing[state]
+        scan_cost += scanning
+        scan_states[:, t - 1] = state
+        overlap = np.minimum(pair.P[state], pair.Q[state])
+        e_t = np.clip(1.0 - overlap.sum(1), 0.0, 1.0)
+        e[:, t - 1] = np.where(scanning, e_t, 0.0)
+        u = crn_uniforms(seed, document, reps, t, Stream.SWRB_SCAN, salt)
+        token = inverse_cdf(overlap, u)
+        scanning &= e_t < 1.0
+        state = np.where(scanning, T[state, token], state)
+    survival_before = np.cumprod(np.hstack([np.ones((n_reps, 1)), 1.0 - e[:, :-1]]), axis=1)
+    w = e * survival_before
+    M = np.clip(w.sum(1), 0.0, 1.0)
+    has_branch = M > 0
+    u_entry = crn_uniforms(seed, document, reps, 0, Stream.SWRB_ENTRY, salt)
+    entry = np.where(has_branch, inverse_cdf(w, u_entry) + 1, H + 1)
+    # residual pair at J
+    j_idx = np.clip(entry, 1, H) - 1
+    s_entry = scan_states[reps, j_idx]
+    p, q = pair.P[s_entry], pair.Q[s_entry]
+    overlap = np.minimum(p, q)
+    x_res = inverse_cdf(
+        np.clip(p - overlap, 0, None),
+        crn_uniforms(seed, document, reps, j_idx + 1, Stream.REFERENCE, salt),
+    )
+    y_res = inverse_cdf(
+        np.clip(q - overlap, 0, None),
+        crn_uniforms(seed, document, reps, j_idx + 1, Stream.RESIDUAL, salt),
+    )
+    mismatch = np.zeros((n_reps, H), dtype=bool)
+    mismatch[reps, j_idx] = has_branch
+    x_state, y_state = T[s_entry, x_res], T[s_entry, y_res]
+    continuation_cost = np.zeros(n_reps, dtype=np.int64)
+    streams = (Stream.REFERENCE, Stream.ACCEPT, Stream.RESIDUAL)
+    for t in range(2, H + 1):
+        going = has_branch & (entry < t)
+        if not going.any():
+            continue
+        continuation_cost += going & ~(absorbing[x_state] & absorbing[y_state])
+        u = np.stack([crn_uniforms(seed, document, reps, t, s, salt) for s in streams], axis=-1)
+        x, y = maximal_coupling_step(pair.P[x_state], pair.Q[y_state], u, sampler="accept")
+        mismatch[:, t - 1] |= going & (x != y)
+        x_state = np.where(going, T[x_state, x], x_state)
+        y_state = np.where(going, T[y_state, y], y_state)
+    return BranchReplicates(
+        H=H, weight=M, entry=entry, mismatch=mismatch, cost=scan_cost + continuation_cost
+    )
+
+
+def hoeffding_halfwidth(n: int, value_range: float, alpha: float) -> float:
+    """Hoeffding half-width for the mean of n values in an interval of length ``value_range``.
+
+    P(|mean − E| ≥ h) ≤ α for h = range·sqrt(log(2/α)/(2n)) (used by SPEC §4.5's bounds).
+    """
+    _check_positive_int("n", n)
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha: expected a value in (0, 1), got {alpha!r}")
+    return float(value_range * np.sqrt(np.log(2.0 / alpha) / (2.0 * n)))
+
+
+def identified_interval_estimate(
+    reps: BranchReplicates, L: int, alpha: float = 0.05
+) -> dict[str, float]:
+    """Estimates of the identified interval [R_L, R_L + B_L] with Hoeffding bounds (SPEC §4.5).
+
+    The lower endpoint R_L is the mean of Z_L ∈ [0, min(L, H)/H]; the upper endpoint R_L + B_L
+    the mean of Z_L + W_L ∈ [0, 1]. Each endpoint gets a two-sided Hoeffding interval at level
+    α/2, so that both hold jointly with probability ≥ 1 − α (Bonferroni); intervals are clipped
+    to the range of the mean.
+    """
+    z_l = reps.Z_L(L)
+    upper = z_l + reps.W_L(L)
+    h_low = hoeffding_halfwidth(reps.n, min(L, reps.H) / reps.H, alpha / 2)
+    h_high = hoeffding_halfwidth(reps.n, 1.0, alpha / 2)
+    low, high = float(z_l.mean()), float(upper.mean())
+    low_range = min(L, reps.H) / reps.H
+    return {
+        "R_L": low,
+        "R_L_lo": max(low - h_low, 0.0),
+        "R_L_hi": min(low + h_low, low_range),
+        "upper": high,
+        "upper_lo": max(high - h_high, 0.0),
+        "upper_hi": min(high + h_high, 1.0),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The study: per-system table, window table and summary
+# --------------------------------------------------------------------------------------------
+
+
+def study_tables(
+    config: Mapping[str, Any], log: Callable[[str], None] | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Run the finite-state study of SPEC §4 (paper §4.4) for the configured family.
+
+    For each system: exact values by :func:`exact_risk`, ``n_reps`` naive and ``n_reps`` SWRB
+    replicates (CRN document = system index). Returns ``(systems, windows)``: ``systems`` has the
+    DESIGN §3.5 columns; ``windows`` has one row per (system, L in ``window_depths``) with the
+    exact R_L, B_L, R_H and the SWRB estimates of both interval endpoints with Hoeffding bounds
+    (:func:`identified_interval_estimate`, level ``alpha``).
+    """
+    seed, section = _family_section(config)
+    H = int(section["horizon"])
+    n_reps = int(section["n_reps"])
+    alpha = float(section["alpha"])
+    system_rows, window_rows = [], []
+    for params, pair in zip(family_parameters(config), family(config), strict=True):
+        system = params["system"]
+        exact = exact_risk(pair, H)
+        naive = naive_replicates(pair, H, n_reps, seed, document=system)
+        swrb = swrb_replicates(pair, H, n_reps, seed, document=system)
+        z_naive, z_swrb = naive.Z_R(), swrb.Z_R()
+        naive_var, swrb_var = float(z_naive.var(ddof=1)), float(z_swrb.var(ddof=1))
+        naive_cost, swrb_cost = float(naive.cost.mean()), float(swrb.cost.mean())
+        system_rows.append(
+            {
+                "system": system,
+                "lambda_scale": params["lambda"],
+                "H": H,
+                "n_states": pair.n_states,
+                "n_reps": n_reps,
+                "exact_R": exact.R_smc,
+                "exact_O": exact.O_H,
+                "exact_Pi": exact.Pi_H,
+                "naive_mean": float(z_naive.mean()),
+                "naive_var": naive_var,
+                "swrb_mean": float(z_swrb.mean()),
+                "swrb_var": swrb_var,
+                "var_ratio": naive_var / swrb_var if swrb_var > 0 else float("nan"),
+                "naive_cost": naive_cost,
+                "swrb_cost": swrb_cost,
+                "advantage": (naive_var * naive_cost) / (swrb_var * swrb_cost)
+                if swrb_var > 0
+                else float("nan"),
+            }
+        )
+        for L in section["window_depths"]:
+            est = identified_interval_estimate(swrb, int(L), alpha)
+            window_rows.append(
+                {
+                    "system": system,
+                    "L": int(L),
+                    "exact_R_L": exact.R_L(int(L)),
+                    "exact_B_L": exact.B_L(int(L)),
+                    "exact_R_H": exact.R_smc,
+                    "swrb_R_L": est["R_L"],
+                    "swrb_R_L_lo": est["R_L_lo"],
+                    "swrb_R_L_hi": est["R_L_hi"],
+                    "swrb_upper": est["upper"],
+                    "swrb_upper_lo": est["upper_lo"],
+                    "swrb_upper_hi": est["upper_hi"],
+                    "alpha": alpha,
+                }
+            )
+        if log is not None:
+            row = system_rows[-1]
+            log(
+                f"system {system}: lambda={row['lambda_scale']:.4f} P(tau<=H)="
+                f"{exact.divergence_probability:.4f} R={exact.R_smc:.5f} "
+                f"var_ratio={row['var_ratio']:.1f} cost {naive_cost:.1f} -> {swrb_cost:.1f}"
+            )
+    return pl.DataFrame(system_rows), pl.DataFrame(window_rows)
+
+
+def study_summary(systems: pl.DataFrame) -> dict[str, float]:
+    """Family summary of the finite-state study (SPEC §4, paper §4.4).
+
+    ``var_ratio_min``/``_median``/``_max`` over systems; ``cost_factor`` = mean SWRB
+    kernel-pair evaluations / mean naive evaluations (means over systems); ``advantage`` = the
+    ratio of means mean(naive_var·naive_cost) / mean(swrb_var·swrb_cost);
+    ``share_swrb_lower_variance`` = fraction of systems with swrb_var < naive_var.
+    """
+    if systems.height == 0:
+        raise ValueError("systems: expected at least one system row")
+    ratio = systems["var_ratio"].to_numpy()
+    naive_work = (systems["naive_var"] * systems["naive_cost"]).mean()
+    swrb_work = (systems["swrb_var"] * systems["swrb_cost"]).mean()
+    return {
+        "n_systems": float(systems.height),
+        "var_ratio_min": float(np.min(ratio)),
+        "var_ratio_median": float(np.median(ratio)),
+        "var_ratio_max": float(np.max(ratio)),
+        "cost_factor": float(systems["swrb_cost"].mean() / systems["naive_cost"].mean()),
+        "advantage": float(naive_work / swrb_work),
+        "share_swrb_lower_variance": float((systems["swrb_var"] < systems["naive_var"]).mean()),
+    }
