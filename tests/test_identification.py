@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from exact_small import exact_summary, exact_window, random_kernel
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvdiverge import identification as ident
 
@@ -82,6 +84,20 @@ def test_batched_summaries_broadcast():
         one_low, one_high = ident.identified_interval(pi, rhoi, H, L)
         assert (low[i], high[i]) == (pytest.approx(one_low), pytest.approx(one_high))
         assert tail[i] == pytest.approx(ident.realized_tail(pi, np.nan_to_num(rhoi), H, L))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12))
+def test_longer_windows_nest_the_intervals(seed, H):
+    p, rho = random_summary(np.random.default_rng(seed), H)
+    occurrence = p.sum() / H
+    reachable = (p * (H - np.arange(H))).sum() / H  # every post-entry step mismatches
+    previous = (occurrence, reachable)
+    for L in range(1, H + 1):
+        low, high = ident.identified_interval(p, rho, H, L)
+        assert previous[0] - 1e-12 <= low <= high <= previous[1] + 1e-12
+        previous = (low, high)
+    assert previous[1] - previous[0] == pytest.approx(0.0, abs=1e-15)  # L = H identifies R_SMC
 
 
 # ----------------------------------------------------------------------------------------------
