@@ -224,7 +224,9 @@ def build_demo_model(
     kind: DemoKind,
     out_dir: str | os.PathLike,
     seed: int,
-    initializer_range: float = 0.5,
+    initializer_range: float = 0.1,
+    head_range: float = 0.5,
+    embed_range: float = 1.0,
 ) -> Path:
     """Build a tiny demo model of architecture ``kind`` into ``out_dir`` (DESIGN §2, §6).
 
@@ -272,12 +274,19 @@ def build_demo_model(
     model = model_cls(config)
     with torch.no_grad():
         # Draw every parameter from our own generator (independent of global RNG state and of
-        # transformers' init order): weights N(0, r), norms 1, q/k/v biases N(0, r) for Qwen2.
+        # transformers' init order): weights N(0, r), norms 1, q/k/v biases N(0, r) for Qwen2,
+        # the LM head N(0, head_range): peaked next-token laws from a well-conditioned body
+        # (fp32 logits then agree with a float64 forward to ~1e-5).
         for name, param in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
             else:
-                param.copy_(torch.randn(param.shape, generator=gen) * initializer_range)
+                scale = initializer_range
+                if name.startswith("lm_head"):
+                    scale = head_range
+                elif name.endswith("embed_tokens.weight"):
+                    scale = embed_range
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
     model.eval()
     model.generation_config = GenerationConfig(
         bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=ids["<|endoftext|>"]

@@ -1,0 +1,491 @@
+"""The coupled rollout engine: batched stepwise maximal coupling with a shared prompt cache.
+
+Implements SPEC §1, §5 (rollouts), §6 (common random numbers) with the architecture of
+DESIGN §4:
+
+* one prefill per document gives the full prompt cache and the first-token logits (shared by
+  the reference P and the intervention Q, so δ_1 = 0);
+* the action's selector gathers its kept entries from that cache once per document;
+* all replicates and all three streams of a document decode as one batch: rows
+  ``[X₀…X_{K−1} | Y₀…Y_{K−1} | Z₀…Z_{K−1}]`` — the reference X on the full prompt cache, the
+  intervention Y and the fixed-history stream Z (Q fed X's tokens, for f_t) on the evicted one;
+* the prompt cache is shared by every row, never copied per replicate: a custom attention
+  function (registered with transformers' ``AttentionInterface``) scores each stream's queries
+  against its shared prompt part in one batched product (grouped-query heads folded), scores
+  each row's own generated entries (a cache that holds only those) separately, and merges the
+  two exactly with a common max (log-sum-exp). Memory is O(prompt + K·H);
+* the stepwise maximal coupling (``kvdiverge.coupling.maximal_coupling_step``, accept sampler)
+  runs every step with common random numbers: X by inverse CDF from the REFERENCE stream, keyed
+  by (seed, document, replicate, t) only, so X is identical across actions; ACCEPT and RESIDUAL
+  streams for Y. ``coupling="independent"`` salts all streams with the action name;
+* temperature 1, full softmax (float64), EOS absorbing (after EOS a sequence's kernel is the
+  point mass on the canonical EOS id, the first of ``eos_ids``); H steps always;
+* on CUDA out-of-memory the replicate batch is split in halves and the rollout goes on.
+
+Each stream's prompt part is scored in its own product of identical shape, so the X rows'
+arithmetic does not depend on the action (identical X across actions, bit for bit) and the
+``full`` action reproduces the reference exactly (δ ≡ 0, f ≡ 0, X ≡ Y). Z rows are always
+computed (before divergence they equal Y): a fixed batch layout keeps those guarantees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from kvdiverge.coupling import Stream, crn_uniforms, document_key, maximal_coupling_step, tv
+from kvdiverge.eviction import (
+    SELECTORS,
+    ActionSpec,
+    Prefill,
+    parse_action,
+    run_prefill,
+    select_positions,
+)
+from kvdiverge.trajectories import TRAJECTORY_SCHEMA
+
+__all__ = [
+    "ATTENTION_NAME",
+    "DocumentRollout",
+    "RowCache",
+    "SharedPrefix",
+    "rollout_document",
+    "rollout_documents",
+    "shared_prefix_attention",
+    "trajectory_frame",
+]
+
+log = logging.getLogger(__name__)
+
+ATTENTION_NAME = "kvdiverge_shared_prefix"
+COUPLING_MODES = ("shared-reference", "independent")
+
+
+@dataclass
+class SharedPrefix:
+    """The shared prompt K/V of every row group, per layer (passed as a model-call kwarg).
+
+    ``groups[l]`` is a list of ``(row_start, row_end, keys, values)`` with keys/values of shape
+    (H_kv, n_g, d): rows ``row_start:row_end`` of the batch attend to that prompt part.
+    """
+
+    groups: list[list[tuple[int, int, torch.Tensor, torch.Tensor]]]
+
+
+class RowCache:
+    """Decode cache holding only each row's own generated entries (DESIGN §4).
+
+    Preallocated (B, H_kv, capacity, d) per layer; ``update`` appends the step's entries and
+    returns the filled part. Every row advances one entry per step.
+    """
+
+    is_compileable = False
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (batch, n_kv_heads, capacity, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.lengths = [0] * n_layers
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        cache_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (B, H_kv, q, d) entries for layer ``layer_idx``; return all of that layer's."""
+        start = self.lengths[layer_idx]
+        stop = start + key_states.shape[-2]
+        self.keys[layer_idx][:, :, start:stop] = key_states
+        self.values[layer_idx][:, :, start:stop] = value_states
+        self.lengths[layer_idx] = stop
+        return self.keys[layer_idx][:, :, :stop], self.values[layer_idx][:, :, :stop]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lengths[layer_idx]
+
+
+def _partial_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unnormalised attention pieces: (row max, Σ exp, Σ exp·v), scores in float32."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling
+    m = scores.amax(dim=-1, keepdim=True)
+    e = torch.exp(scores - m)
+    return m, e.sum(dim=-1, keepdim=True), torch.matmul(e.to(v.dtype), v).float()
+
+
+def shared_prefix_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention over (shared prompt part) ∪ (each row's own generated part), merged exactly.
+
+    ``query`` (B, H, q, d); ``key``/``value`` (B, H_kv, t, d) are the rows' own entries (from
+    :class:`RowCache`, the current one included). The shared prompt parts arrive as the
+    ``kvd_prefix`` kwarg (:class:`SharedPrefix`). Without it this is plain SDPA attention.
+    Returns (B, q, H, d) like transformers' attention functions (DESIGN §4).
+    """
+    prefix: SharedPrefix | None = kwargs.pop("kvd_prefix", None)
+    if prefix is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    batch, n_heads, q_len, d = query.shape
+    if q_len != 1:
+        raise ValueError("shared_prefix_attention decodes one token per row and step")
+    n_kv = key.shape[1]
+    groups = n_heads // n_kv
+    scale = float(scaling if scaling is not None else d**-0.5)
+    q = query.reshape(batch, n_kv, groups, d)
+    m_own, s_own, o_own = _partial_attention(q, key, value, scale)  # (B, H_kv, G, ·)
+    m_pre = torch.empty_like(m_own)
+    s_pre = torch.empty_like(s_own)
+    o_pre = torch.empty_like(o_own)
+    for start, stop, pk, pv in prefix.groups[module.layer_idx]:
+        rows = stop - start
+        qg = q[start:stop].permute(1, 0, 2, 3).reshape(n_kv, rows * groups, d)
+        m, s, o = _partial_attention(qg, pk, pv, scale)  # (H_kv, rows·G, ·)
+        m_pre[start:stop] = m.reshape(n_kv, rows, groups, 1).permute(1, 0, 2, 3)
+        s_pre[start:stop] = s.reshape(n_kv, rows, groups, 1).permute(1, 0, 2, 3)
+        o_pre[start:stop] = o.reshape(n_kv, rows, groups, d).permute(1, 0, 2, 3)
+    m = torch.maximum(m_pre, m_own)
+    a_pre, a_own = torch.exp(m_pre - m), torch.exp(m_own - m)
+    out = (o_pre * a_pre + o_own * a_own) / (s_pre * a_pre + s_own * a_own)
+    return out.reshape(batch, n_heads, 1, d).transpose(1, 2).to(query.dtype), None
+
+
+AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)
+
+
+@contextlib.contextmanager
+def _attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
+    old = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(old)
+
+
+def _check_model(model: torch.nn.Module, n: int, H: int) -> None:
+    for layer in model.model.layers:
+        window = getattr(layer.self_attn, "sliding_window", None)
+        if window is not None and window < n + H:
+            raise ValueError(
+                f"model: layer uses sliding-window attention ({window} < {n + H} positions); "
+                "the engine needs full attention"
+            )
+
+
+@dataclass
+class DocumentRollout:
+    """One document's coupled rollouts (SPEC §1), arrays of shape (K, H) (logits: (K, H, V))."""
+
+    doc_id: str
+    replicates: np.ndarray
+    x_token: np.ndarray
+    y_token: np.ndarray
+    tv_rollout: np.ndarray
+    tv_fixed: np.ndarray
+    x_eos: np.ndarray
+    y_eos: np.ndarray
+    n_prompt: int
+    n_kept: int
+    logits: dict[str, np.ndarray] | None = None
+
+
+def _uniforms(
+    seed: int, doc_key: int, replicates: np.ndarray, t: int, salt: int, device: torch.device
+) -> torch.Tensor:
+    u = np.stack(
+        [
+            crn_uniforms(seed, doc_key, replicates, t, stream, salt)
+            for stream in (Stream.REFERENCE, Stream.ACCEPT, Stream.RESIDUAL)
+        ],
+        axis=-1,
+    )
+    return torch.from_numpy(u).to(device)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+@torch.no_grad()
+def _rollout_chunk(
+    model: torch.nn.Module,
+    prefill: Prefill,
+    prefix_full: list[tuple[torch.Tensor, torch.Tensor]],
+    prefix_kept: list[tuple[torch.Tensor, torch.Tensor]],
+    replicates: np.ndarray,
+    doc_key: int,
+    H: int,
+    seed: int,
+    eos_ids: Sequence[int],
+    salt: int,
+    keep_logits: bool,
+) -> dict[str, np.ndarray]:
+    device = prefill.last_logits.device
+    k = len(replicates)
+    n = prefill.n
+    n_layers = len(prefill.keys)
+    n_kv, _, d = prefill.keys[0].shape
+    groups = [
+        [
+            (0, k, *prefix_full[layer]),
+            (k, 2 * k, *prefix_kept[layer]),
+            (2 * k, 3 * k, *prefix_kept[layer]),
+        ]
+        for layer in range(n_layers)
+    ]
+    shared = SharedPrefix(groups)
+    cache = RowCache(n_layers, 3 * k, n_kv, d, max(H - 1, 1), prefill.keys[0].dtype, device)
+    eos = torch.tensor(list(eos_ids), device=device)
+    canonical = int(eos_ids[0])
+    vocab = prefill.last_logits.shape[-1]
+    point_mass = torch.zeros(vocab, dtype=torch.float64, device=device)
+    point_mass[canonical] = 1.0
+
+    out = {
+        name: torch.empty((k, H), dtype=dtype, device=device)
+        for name, dtype in (
+            ("x_token", torch.long),
+            ("y_token", torch.long),
+            ("tv_rollout", torch.float64),
+            ("tv_fixed", torch.float64),
+            ("x_eos", torch.bool),
+            ("y_eos", torch.bool),
+        )
+    }
+    kept_logits: dict[str, list[torch.Tensor]] = {"p": [], "q": [], "q_fixed": []}
+    x_done = torch.zeros(k, dtype=torch.bool, device=device)
+    y_done = torch.zeros(k, dtype=torch.bool, device=device)
+    logits = prefill.last_logits.float().expand(3 * k, vocab)
+    with _attention_implementation(model, ATTENTION_NAME):
+        for t in range(1, H + 1):
+            probs = logits.double().softmax(dim=-1)
+            p, q, q_fixed = probs[:k], probs[k : 2 * k], probs[2 * k :]
+            if keep_logits:
+                for name, part in zip(kept_logits, logits.float().split(k), strict=True):
+                    kept_logits[name].append(part.cpu())
+            p = torch.where(x_done[:, None], point_mass, p)
+            q = torch.where(y_done[:, None], point_mass, q)
+            q_fixed = torch.where(x_done[:, None], point_mass, q_fixed)
+            u = _uniforms(seed, doc_key, replicates, t, salt, device)
+            x, y = maximal_coupling_step(p, q, u)
+            x_done = x_done | torch.isin(x, eos)
+            y_done = y_done | torch.isin(y, eos)
+            out["x_token"][:, t - 1] = x
+            out["y_token"][:, t - 1] = y
+            out["tv_rollout"][:, t - 1] = tv(p, q)
+            out["tv_fixed"][:, t - 1] = tv(p, q_fixed)
+            out["x_eos"][:, t - 1] = x_done
+            out["y_eos"][:, t - 1] = y_done
+            if t == H:
+                break
+            tokens = torch.cat([x, y, x])[:, None]
+            position = torch.full((3 * k, 1), n + t - 1, dtype=torch.long, device=device)
+            result = model(
+                input_ids=tokens,
+                position_ids=position,
+                cache_position=torch.tensor([t - 1], device=device),
+                past_key_values=cache,
+                use_cache=True,
+                kvd_prefix=shared,
+            )
+            logits = result.logits[:, -1]
+    arrays = {name: v.cpu().numpy() for name, v in out.items()}
+    if keep_logits:
+        for name, parts in kept_logits.items():
+            arrays[f"logits_{name}"] = torch.stack(parts, dim=1).numpy()
+    return arrays
+
+
+def _rollout_replicates(replicates: np.ndarray, run: Any, max_rows: int) -> list[dict]:
+    """Run ``run`` on chunks of at most ``max_rows // 3`` replicates; halve a chunk on OOM."""
+    chunk = max(1, max_rows // 3)
+    pending = [replicates[i : i + chunk] for i in range(0, len(replicates), chunk)]
+    results = []
+    while pending:
+        part = pending.pop(0)
+        try:
+            results.append(run(part))
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not _is_oom(exc) or len(part) == 1:
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            half = len(part) // 2
+            log.warning("out of memory with %d replicates; splitting into halves", len(part))
+            pending[:0] = [part[:half], part[half:]]
+    return results
+
+
+def _gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for layer, (keys, values) in enumerate(zip(prefill.keys, prefill.values, strict=True)):
+        index = kept[layer][..., None].expand(-1, -1, keys.shape[-1])
+        out.append((keys.gather(1, index), values.gather(1, index)))
+    return out
+
+
+def rollout_document(
+    model: torch.nn.Module,
+    input_ids: Sequence[int] | torch.Tensor,
+    action: ActionSpec | Mapping[str, Any],
+    doc_id: str,
+    replicates: int | Sequence[int],
+    H: int,
+    seed: int,
+    eos_ids: Sequence[int],
+    coupling: str = "shared-reference",
+    max_batch_rows: int = 192,
+    keep_logits: bool = False,
+    prefill: Prefill | None = None,
+) -> DocumentRollout:
+    """Coupled rollouts of one document under one action (SPEC §1, §6; DESIGN §4).
+
+    ``input_ids``: the chat-wrapped prompt (:func:`kvdiverge.models.chat_prompt_ids`);
+    ``replicates``: K or explicit replicate indices (each keyed into the random streams);
+    ``eos_ids``: EOS token ids, the first one canonical. ``keep_logits`` also returns the
+    per-step logits of P (X rows), Q (Y rows) and Q on X's history (Z rows), for tests.
+    A ``prefill`` computed with :func:`kvdiverge.eviction.run_prefill` may be reused.
+    """
+    if coupling not in COUPLING_MODES:
+        raise ValueError(f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {coupling!r}")
+    if H < 1:
+        raise ValueError(f"H: expected an integer >= 1, got {H}")
+    if not eos_ids:
+        raise ValueError("eos_ids: at least one EOS token id is needed")
+    action = action if isinstance(action, ActionSpec) else parse_action(action)
+    reps = np.arange(replicates) if isinstance(replicates, int) else np.asarray(replicates)
+    reps = reps.astype(np.int64)
+    if prefill is None:
+        window = SELECTORS[action.selector].query_window(action)
+        prefill = run_prefill(model, input_ids, window)
+    _check_model(model, prefill.n, H)
+    kept = select_positions(prefill, action)
+    prefix_full = list(zip(prefill.keys, prefill.values, strict=True))
+    prefix_kept = _gather_prefix(prefill, kept)
+    doc_key = document_key(doc_id)
+    salt = 0 if coupling == "shared-reference" else document_key(f"action:{action.name}")
+
+    def run(part: np.ndarray) -> dict[str, np.ndarray]:
+        return _rollout_chunk(
+            model,
+            prefill,
+            prefix_full,
+            prefix_kept,
+            part,
+            doc_key,
+            H,
+            seed,
+            eos_ids,
+            salt,
+            keep_logits,
+        )
+
+    parts = _rollout_replicates(reps, run, max_batch_rows)
+    merged = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    logits = {k[len("logits_") :]: v for k, v in merged.items() if k.startswith("logits_")}
+    return DocumentRollout(
+        doc_id=doc_id,
+        replicates=reps,
+        x_token=merged["x_token"],
+        y_token=merged["y_token"],
+        tv_rollout=merged["tv_rollout"],
+        tv_fixed=merged["tv_fixed"],
+        x_eos=merged["x_eos"],
+        y_eos=merged["y_eos"],
+        n_prompt=prefill.n,
+        n_kept=int(kept.shape[-1]),
+        logits=logits or None,
+    )
+
+
+def trajectory_frame(rollouts: Iterable[DocumentRollout]) -> pl.DataFrame:
+    """Long table of DESIGN §3.2: one row per (document, replicate, step)."""
+    frames = []
+    for r in rollouts:
+        k, h = r.x_token.shape
+        frames.append(
+            pl.DataFrame(
+                {
+                    "doc_id": np.repeat(np.array([r.doc_id], dtype=object), k * h),
+                    "replicate": np.repeat(r.replicates, h),
+                    "t": np.tile(np.arange(1, h + 1), k),
+                    "x_token": r.x_token.reshape(-1),
+                    "y_token": r.y_token.reshape(-1),
+                    "mismatch": (r.x_token != r.y_token).reshape(-1),
+                    "tv_rollout": r.tv_rollout.reshape(-1),
+                    "tv_fixed": r.tv_fixed.reshape(-1),
+                    "x_eos": r.x_eos.reshape(-1),
+                    "y_eos": r.y_eos.reshape(-1),
+                    "n_prompt": np.full(k * h, r.n_prompt),
+                    "n_kept": np.full(k * h, r.n_kept),
+                },
+                schema_overrides={"doc_id": pl.String},
+            ).cast(TRAJECTORY_SCHEMA)
+        )
+    if not frames:
+        return pl.DataFrame(schema=TRAJECTORY_SCHEMA)
+    return pl.concat(frames)
+
+
+def rollout_documents(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    documents: Iterable[tuple[str, str, int]],
+    action: ActionSpec | Mapping[str, Any],
+    H: int,
+    seed: int,
+    eos_ids: Sequence[int],
+    coupling: str = "shared-reference",
+    max_batch_rows: int = 192,
+    progress: Any = None,
+) -> pl.DataFrame:
+    """Coupled rollouts of many documents ``(doc_id, prompt, K)``: the §3.2 trajectory table.
+
+    Each prompt is wrapped by the tokenizer's chat template (SPEC §5). ``progress`` is an
+    optional tqdm-like object updated once per document.
+    """
+    from kvdiverge.models import chat_prompt_ids
+
+    action = action if isinstance(action, ActionSpec) else parse_action(action)
+    rollouts = []
+    for doc_id, prompt, k in documents:
+        ids = chat_prompt_ids(tokenizer, prompt)
+        rollouts.append(
+            rollout_document(
+                model, ids, action, doc_id, k, H, seed, eos_ids, coupling, max_batch_rows
+            )
+        )
+        if progress is not None:
+            progress.update(1)
+    return trajectory_frame(rollouts)
