@@ -1,0 +1,53 @@
+"""Documents for the language-model study (paper §5.1, SPEC §5, DESIGN §3.1).
+
+Six strata {HELMET, RULER} × nominal lengths, each with ``dev``/``study1``/``study2`` cohorts:
+RULER's 13 synthetic tasks (:mod:`kvdiverge.datasets.ruler`) and HELMET's six RAG/Cite datasets
+(:mod:`kvdiverge.datasets.helmet`), fitted to a token budget under a length tokenizer's chat
+template (:mod:`kvdiverge.datasets.fitting`), planned by :mod:`kvdiverge.datasets.strata` and
+written by :mod:`kvdiverge.datasets.materialize`. Synthetic fixtures for the embedded default:
+:mod:`kvdiverge.datasets.fixtures`.
+"""
+
+from kvdiverge.datasets.fitting import (
+    DatasetError,
+    LengthFitError,
+    LengthFn,
+    MissingSourceError,
+)
+from kvdiverge.datasets.helmet import HELMET_DATASETS
+from kvdiverge.datasets.materialize import (
+    DOCUMENTS_SCHEMA,
+    DocumentsFormatError,
+    materialize_stratum,
+    read_documents,
+    write_documents,
+)
+from kvdiverge.datasets.ruler import RULER_TASKS
+from kvdiverge.datasets.strata import (
+    COHORTS,
+    DatasetsConfig,
+    DocumentSlot,
+    Stratum,
+    plan_documents,
+    stratum_names,
+)
+
+__all__ = [
+    "COHORTS",
+    "DOCUMENTS_SCHEMA",
+    "HELMET_DATASETS",
+    "RULER_TASKS",
+    "DatasetError",
+    "DatasetsConfig",
+    "DocumentSlot",
+    "DocumentsFormatError",
+    "LengthFitError",
+    "LengthFn",
+    "MissingSourceError",
+    "Stratum",
+    "materialize_stratum",
+    "plan_documents",
+    "read_documents",
+    "stratum_names",
+    "write_documents",
+]
