@@ -42,6 +42,7 @@ __all__ = [
     "study_tables",
     "study_summary",
     "swrb_replicates",
+    "swrb_weight_bound",
 ]
 
 _ROW_SUM_TOL = 1e-9
@@ -617,29 +618,46 @@ def hoeffding_halfwidth(n: int, value_range: float, alpha: float) -> float:
 
 
 def identified_interval_estimate(
-    reps: BranchReplicates, L: int, alpha: float = 0.05
+    reps: BranchReplicates, L: int, alpha: float = 0.05, weight_bound: float = 1.0
 ) -> dict[str, float]:
     """Estimates of the identified interval [R_L, R_L + B_L] with Hoeffding bounds (SPEC §4.5).
 
-    The lower endpoint R_L is the mean of Z_L ∈ [0, min(L, H)/H]; the upper endpoint R_L + B_L
-    the mean of Z_L + W_L ∈ [0, 1]. Each endpoint gets a two-sided Hoeffding interval at level
-    α/2, so that both hold jointly with probability ≥ 1 − α (Bonferroni); intervals are clipped
-    to the range of the mean.
+    The lower endpoint R_L is the mean of Z_L ∈ [0, m·min(L, H)/H]; the upper endpoint R_L + B_L
+    the mean of Z_L + W_L ∈ [0, m], where m = ``weight_bound`` is a deterministic upper bound on
+    the weight M (1 always works; :func:`swrb_weight_bound` is tighter for a known kernel pair).
+    Each endpoint gets a two-sided Hoeffding interval at level α/2, so that both hold jointly with
+    probability ≥ 1 − α (Bonferroni); intervals are clipped to the range of the mean.
     """
+    if not 0 < weight_bound <= 1:
+        raise ValueError(f"weight_bound: expected a value in (0, 1], got {weight_bound!r}")
+    if reps.weight.max(initial=0.0) > weight_bound + 1e-12:
+        raise ValueError(
+            f"weight_bound: {weight_bound!r} is below a sampled weight {reps.weight.max()!r}"
+        )
     z_l = reps.Z_L(L)
     upper = z_l + reps.W_L(L)
-    h_low = hoeffding_halfwidth(reps.n, min(L, reps.H) / reps.H, alpha / 2)
-    h_high = hoeffding_halfwidth(reps.n, 1.0, alpha / 2)
+    low_range = weight_bound * min(L, reps.H) / reps.H
+    h_low = hoeffding_halfwidth(reps.n, low_range, alpha / 2)
+    h_high = hoeffding_halfwidth(reps.n, weight_bound, alpha / 2)
     low, high = float(z_l.mean()), float(upper.mean())
-    low_range = min(L, reps.H) / reps.H
     return {
         "R_L": low,
         "R_L_lo": max(low - h_low, 0.0),
         "R_L_hi": min(low + h_low, low_range),
         "upper": high,
         "upper_lo": max(high - h_high, 0.0),
-        "upper_hi": min(high + h_high, 1.0),
+        "upper_hi": min(high + h_high, weight_bound),
     }
+
+
+def swrb_weight_bound(pair: FiniteStateKernelPair, H: int) -> float:
+    """Deterministic bound on SWRB's weight: M = 1 − Π_s (1 − e_s) ≤ 1 − (1 − max_z e(z))^H.
+
+    e(z) = TV(P[z], Q[z]) over all states z, so the bound holds for every overlap scan (SPEC §4).
+    """
+    _check_positive_int("H", H)
+    e_max = float(tv(pair.P, pair.Q).max())
+    return float(min(1.0, 1.0 - (1.0 - e_max) ** H)) if e_max < 1 else 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -656,7 +674,8 @@ def study_tables(
     replicates (CRN document = system index). Returns ``(systems, windows)``: ``systems`` has the
     DESIGN §3.5 columns; ``windows`` has one row per (system, L in ``window_depths``) with the
     exact R_L, B_L, R_H and the SWRB estimates of both interval endpoints with Hoeffding bounds
-    (:func:`identified_interval_estimate`, level ``alpha``).
+    (:func:`identified_interval_estimate`, level ``alpha``, weight bound
+    :func:`swrb_weight_bound`).
     """
     seed, section = _family_section(config)
     H = int(section["horizon"])
@@ -668,6 +687,7 @@ def study_tables(
         exact = exact_risk(pair, H)
         naive = naive_replicates(pair, H, n_reps, seed, document=system)
         swrb = swrb_replicates(pair, H, n_reps, seed, document=system)
+        bound = swrb_weight_bound(pair, H)
         z_naive, z_swrb = naive.Z_R(), swrb.Z_R()
         naive_var, swrb_var = float(z_naive.var(ddof=1)), float(z_swrb.var(ddof=1))
         naive_cost, swrb_cost = float(naive.cost.mean()), float(swrb.cost.mean())
@@ -694,7 +714,7 @@ def study_tables(
             }
         )
         for L in section["window_depths"]:
-            est = identified_interval_estimate(swrb, int(L), alpha)
+            est = identified_interval_estimate(swrb, int(L), alpha, bound)
             window_rows.append(
                 {
                     "system": system,
@@ -709,6 +729,7 @@ def study_tables(
                     "swrb_upper_lo": est["upper_lo"],
                     "swrb_upper_hi": est["upper_hi"],
                     "alpha": alpha,
+                    "weight_bound": bound,
                 }
             )
         if log is not None:

@@ -1,0 +1,1 @@
+"""Figures (seaborn, PNG + PDF) for the studies."""

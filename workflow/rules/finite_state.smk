@@ -1,0 +1,54 @@
+# Finite-state SWRB study (SPEC §4, paper §4.4): exact DP, naive and SWRB estimators, figures.
+
+
+rule finite_state_systems:
+    output:
+        systems=report(
+            "results/finite_state/systems.csv",
+            caption="../report/finite_state_systems.rst",
+            category="Finite-state study",
+        ),
+        windows="results/finite_state/windows.csv",
+    log:
+        "logs/finite_state/systems.log",
+    benchmark:
+        "results/benchmarks/finite_state_systems/systems.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        seed=config["seed"],
+        finite_state=config["finite_state"],
+        code=fingerprint("kvdiverge.finite_state", "kvdiverge.coupling", "kvdiverge.identification"),
+    script:
+        "../scripts/finite_state_systems.py"
+
+
+rule finite_state_figures:
+    input:
+        systems="results/finite_state/systems.csv",
+        windows="results/finite_state/windows.csv",
+    output:
+        estimators=report(
+            "results/finite_state/figures/estimators.png",
+            caption="../report/finite_state_estimators.rst",
+            category="Finite-state study",
+        ),
+        estimators_pdf="results/finite_state/figures/estimators.pdf",
+        interval=report(
+            "results/finite_state/figures/identified_interval.png",
+            caption="../report/finite_state_identified_interval.rst",
+            category="Finite-state study",
+        ),
+        interval_pdf="results/finite_state/figures/identified_interval.pdf",
+    log:
+        "logs/finite_state/figures.log",
+    benchmark:
+        "results/benchmarks/finite_state_figures/figures.tsv"
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        interval_systems=config["finite_state"]["interval_figure_systems"],
+        code=fingerprint("kvdiverge.plots.finite_state", "kvdiverge.io"),
+    script:
+        "../scripts/finite_state_figures.py"
