@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import transformers
 
 from kvdiverge.models import (
     build_demo_model,
@@ -16,6 +17,8 @@ from kvdiverge.models import (
     load_tokenizer,
     resolve_dtype,
 )
+
+transformers.utils.logging.disable_progress_bar()
 
 
 def _digest(path) -> str:

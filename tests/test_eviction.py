@@ -1,0 +1,209 @@
+"""Eviction selectors and budgets (kvdiverge.eviction; SPEC §5, DESIGN §3.6, kvpress reference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+from kvdiverge.eviction import (
+    SELECTORS,
+    ActionError,
+    Selector,
+    budget_tokens,
+    kept_positions,
+    parse_action,
+    register_selector,
+)
+from kvdiverge.models import build_demo_model, chat_prompt_ids, load_model, load_tokenizer
+
+PROMPT = (
+    "Document 1: The river flows north through the valley, past the old mill and the stone "
+    "bridge. One of the special magic numbers for apple is 482913. Remember it. "
+) * 6
+
+transformers.utils.logging.disable_progress_bar()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def demo(request, tmp_path_factory):
+    path = build_demo_model(request.param, tmp_path_factory.mktemp(request.param) / "m", seed=3)
+    tok = load_tokenizer(str(path))
+    return path, load_model(str(path)), chat_prompt_ids(tok, PROMPT)
+
+
+def snapkv_from_definition(
+    attn_probs: np.ndarray, groups: int, window: int, kernel: int, n_keep: int
+) -> np.ndarray:
+    """SnapKV kept positions computed directly from a layer's attention probabilities.
+
+    ``attn_probs`` (H, n, n): the model's own (eager) softmax attention. Scores per the kvpress
+    definition: window rows, prefix columns, mean over the window queries, zero-padded average
+    pooling (sum of the k neighbours / k), mean over the query heads of each KV head; keep the
+    window plus the top (n_keep − w) prefix positions. Returns (H_kv, n_keep) sorted, plus the
+    smallest score gap at the cut (to show the comparison is not decided by ties).
+    """
+    n_heads, n, _ = attn_probs.shape
+    prefix_len = n - window
+    half = kernel // 2
+    kept, gaps = [], []
+    for kv in range(n_heads // groups):
+        score = np.zeros(prefix_len)
+        for h in range(kv * groups, (kv + 1) * groups):
+            mean_over_window = attn_probs[h, prefix_len:, :prefix_len].mean(axis=0)
+            pooled = np.array(
+                [
+                    sum(
+                        mean_over_window[i]
+                        for i in range(j - half, j + half + 1)
+                        if 0 <= i < prefix_len
+                    )
+                    / kernel
+                    for j in range(prefix_len)
+                ]
+            )
+            score += pooled / groups
+        order = np.argsort(-score, kind="stable")
+        top = order[: n_keep - window]
+        gaps.append(score[order[n_keep - window - 1]] - score[order[n_keep - window]])
+        kept.append(np.sort(np.concatenate([top, np.arange(prefix_len, n)])))
+    return np.stack(kept), min(gaps)
+
+
+@pytest.mark.parametrize(
+    ("budget", "window", "kernel"), [(0.5, 64, 5), (150, 64, 5), (0.9, 16, 3), (0.3, 32, 7)]
+)
+def test_snapkv_matches_definition(demo, budget, window, kernel):
+    path, model, ids = demo
+    n = len(ids)
+    action = {"name": "s", "selector": "snapkv", "budget": budget, "window": window}
+    action["kernel"] = kernel
+    kept = kept_positions(model, ids, action)
+    n_keep = budget_tokens(n, budget)
+    eager = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="eager")
+    with torch.no_grad():
+        attentions = eager(torch.tensor([ids]), output_attentions=True).attentions
+    groups = model.config.num_attention_heads // model.config.num_key_value_heads
+    assert kept.shape == (model.config.num_hidden_layers, model.config.num_key_value_heads, n_keep)
+    assert kept.dtype == torch.long
+    for layer, probs in enumerate(attentions):
+        expected, gap = snapkv_from_definition(
+            probs[0].double().numpy(), groups, window, kernel, n_keep
+        )
+        # the cut is not a floating-point tie: scores are ~1/n, fp32 rounding ~1e-10
+        assert gap > 1e-8
+        np.testing.assert_array_equal(kept[layer].numpy(), expected)
+
+
+def test_recent_keeps_sinks_and_tail(demo):
+    _, model, ids = demo
+    n = len(ids)
+    for budget, sinks in [(0.5, 4), (0.9, 4), (100, 4), (0.5, 0), (0.5, 7)]:
+        kept = kept_positions(model, ids, {"name": "r", "selector": "recent", "budget": budget})
+        n_keep = budget_tokens(n, budget)
+        kept = kept_positions(
+            model, ids, {"name": "r", "selector": "recent", "budget": budget, "sinks": sinks}
+        )
+        expected = list(range(sinks)) + list(range(n - (n_keep - sinks), n))
+        assert kept.shape[-1] == n_keep
+        for row in kept.reshape(-1, n_keep):
+            assert row.tolist() == expected
+
+
+def test_snapkv_and_recent_keep_the_same_count(demo):
+    _, model, ids = demo
+    for budget in (0.5, 0.9, 200):
+        s = kept_positions(model, ids, {"name": "s", "selector": "snapkv", "budget": budget})
+        r = kept_positions(model, ids, {"name": "r", "selector": "recent", "budget": budget})
+        assert s.shape == r.shape
+        assert bool((s.diff(dim=-1) > 0).all())  # ascending and unique
+
+
+def test_full_and_budget_at_least_n_keep_everything(demo):
+    _, model, ids = demo
+    n = len(ids)
+    everything = torch.arange(n)
+    for action in (
+        {"name": "full", "selector": "full"},
+        {"name": "s", "selector": "snapkv", "budget": n},
+        {"name": "s", "selector": "snapkv", "budget": 10**6},
+        {"name": "s", "selector": "snapkv", "budget": 1.0},
+        {"name": "r", "selector": "recent", "budget": n + 1},
+    ):
+        kept = kept_positions(model, ids, action)
+        assert kept.shape[-1] == n
+        assert bool((kept == everything).all())
+
+
+def test_budget_arithmetic_edge_cases():
+    # fractions are floored exactly, never through binary floating point
+    for n in range(2, 3000):
+        assert budget_tokens(n, 0.9) == (9 * n) // 10
+        assert budget_tokens(n, 0.5) == n // 2
+    # multiples of ten keep exactly 9n/10
+    assert [budget_tokens(n, 0.9) for n in (10, 100, 1230)] == [9, 90, 1107]
+    # binary floating point would get some of them wrong; exact arithmetic does not
+    wrong = [n for n in range(1, 3000) if int(n * 0.7) != (7 * n) // 10]
+    assert wrong and all(budget_tokens(n, 0.7) == (7 * n) // 10 for n in wrong)
+    # absolute budgets: n just above 512 keeps 512, n <= budget keeps all
+    assert budget_tokens(513, 512) == 512
+    assert budget_tokens(512, 512) == 512
+    assert budget_tokens(300, 512) == 300
+    with pytest.raises(ActionError, match="keeps no entry"):
+        budget_tokens(1, 0.5)
+    for bad in (0, -3, 1.5, 0.0, -0.5, True, "half", float("nan")):
+        with pytest.raises(ActionError):
+            budget_tokens(100, bad)
+
+
+def test_action_validation_is_one_clear_line():
+    cases = [
+        ({"selector": "h2o", "budget": 0.5}, "selector"),
+        ({"selector": "snapkv"}, "budget"),
+        ({"selector": "snapkv", "budget": 32}, "observation window"),
+        ({"selector": "snapkv", "budget": 0.5, "kernel": 4}, "kernel"),
+        ({"selector": "recent", "budget": 2}, "sink"),
+        ({"selector": "recent", "budget": 512.0}, "fraction"),
+        ({"selector": "full", "budget": 0.5}, "omit budget"),
+    ]
+    for spec, fragment in cases:
+        with pytest.raises(ActionError, match=fragment) as info:
+            parse_action(spec, name="bad")
+        assert "\n" not in str(info.value) and "actions.bad" in str(info.value)
+    spec = parse_action({"selector": "snapkv", "budget": 512}, name="snapkv-512")
+    assert spec.as_dict()["budget"] == 512 and spec.window == 64 and spec.kernel == 5
+
+
+def test_short_prompts_are_clear_errors(demo):
+    _, model, ids = demo
+    short = ids[:40]
+    with pytest.raises(ActionError, match="too short for the 64-token observation window"):
+        kept_positions(model, short, {"name": "s", "selector": "snapkv", "budget": 0.5})
+    with pytest.raises(ActionError, match="fewer than the 64-token observation window"):
+        kept_positions(model, ids, {"name": "s", "selector": "snapkv", "budget": 0.1})
+    with pytest.raises(ActionError, match="too short for 4 sink"):
+        kept_positions(model, ids[:4], {"name": "r", "selector": "recent", "budget": 0.5})
+    with pytest.raises(ActionError, match="fewer than the 4 sink"):
+        kept_positions(model, ids[:7], {"name": "r", "selector": "recent", "budget": 0.5})
+
+
+def test_a_new_selector_is_one_small_class(demo):
+    _, model, ids = demo
+
+    @register_selector
+    class FirstSelector(Selector):
+        """Keep the first n_keep positions (a test selector)."""
+
+        name = "first-test"
+
+        def positions(self, prefill, action, n_keep):
+            idx = torch.arange(n_keep)
+            return idx.expand(len(prefill.keys), prefill.keys[0].shape[0], n_keep).clone()
+
+    try:
+        kept = kept_positions(model, ids, {"name": "f", "selector": "first-test", "budget": 0.5})
+        assert kept[0, 0].tolist() == list(range(len(ids) // 2))
+    finally:
+        del SELECTORS["first-test"]
