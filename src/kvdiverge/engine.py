@@ -217,6 +217,7 @@ class DocumentRollout:
     y_eos: np.ndarray
     n_prompt: int
     n_kept: int
+    batch_rows: int = 0
     logits: dict[str, np.ndarray] | None = None
 
 
@@ -327,15 +328,20 @@ def _rollout_chunk(
     return arrays
 
 
-def _rollout_replicates(replicates: np.ndarray, run: Any, max_rows: int) -> list[dict]:
-    """Run ``run`` on chunks of at most ``max_rows // 3`` replicates; halve a chunk on OOM."""
+def _rollout_replicates(replicates: np.ndarray, run: Any, max_rows: int) -> tuple[list[dict], int]:
+    """Run ``run`` on chunks of at most ``max_rows // 3`` replicates; halve a chunk on OOM.
+
+    Returns the results in replicate order and the largest chunk size that ran.
+    """
     chunk = max(1, max_rows // 3)
     pending = [replicates[i : i + chunk] for i in range(0, len(replicates), chunk)]
     results = []
+    fitted = 0
     while pending:
         part = pending.pop(0)
         try:
             results.append(run(part))
+            fitted = max(fitted, len(part))
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not _is_oom(exc) or len(part) == 1:
                 raise
@@ -344,7 +350,7 @@ def _rollout_replicates(replicates: np.ndarray, run: Any, max_rows: int) -> list
             half = len(part) // 2
             log.warning("out of memory with %d replicates; splitting into halves", len(part))
             pending[:0] = [part[:half], part[half:]]
-    return results
+    return results, fitted
 
 
 def _gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -411,7 +417,7 @@ def rollout_document(
             keep_logits,
         )
 
-    parts = _rollout_replicates(reps, run, max_batch_rows)
+    parts, fitted = _rollout_replicates(reps, run, max_batch_rows)
     merged = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
     logits = {k[len("logits_") :]: v for k, v in merged.items() if k.startswith("logits_")}
     return DocumentRollout(
@@ -425,6 +431,7 @@ def rollout_document(
         y_eos=merged["y_eos"],
         n_prompt=prefill.n,
         n_kept=int(kept.shape[-1]),
+        batch_rows=3 * fitted,
         logits=logits or None,
     )
 
@@ -479,13 +486,13 @@ def rollout_documents(
 
     action = action if isinstance(action, ActionSpec) else parse_action(action)
     rollouts = []
+    rows = max_batch_rows
     for doc_id, prompt, k in documents:
         ids = chat_prompt_ids(tokenizer, prompt)
-        rollouts.append(
-            rollout_document(
-                model, ids, action, doc_id, k, H, seed, eos_ids, coupling, max_batch_rows
-            )
-        )
+        result = rollout_document(model, ids, action, doc_id, k, H, seed, eos_ids, coupling, rows)
+        if result.batch_rows < min(rows, 3 * k):
+            rows = result.batch_rows  # an out-of-memory split: keep the size that fitted
+        rollouts.append(result)
         if progress is not None:
             progress.update(1)
     return trajectory_frame(rollouts)

@@ -1,0 +1,308 @@
+"""The coupled rollout engine (kvdiverge.engine; SPEC §1, §5, §6; DESIGN §3.2, §4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import scipy.stats
+import torch
+import transformers
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+import kvdiverge.engine as engine
+from kvdiverge.coupling import maximal_coupling_joint
+from kvdiverge.engine import rollout_document, rollout_documents, trajectory_frame
+from kvdiverge.eviction import kept_positions, run_prefill
+from kvdiverge.models import (
+    build_demo_model,
+    chat_prompt_ids,
+    eos_token_ids,
+    load_model,
+    load_tokenizer,
+)
+from kvdiverge.trajectories import (
+    TrajectoryFormatError,
+    read_trajectories,
+    read_trajectory_metadata,
+    write_trajectories,
+)
+
+transformers.utils.logging.disable_progress_bar()
+
+PROMPT = (
+    "Read the following context carefully. Document 1: The river flows north through the "
+    "valley, past the old mill and the stone bridge. The special magic number is 482913. "
+) * 5
+SNAPKV_HALF = {"name": "snapkv-half", "selector": "snapkv", "budget": 0.5, "window": 32}
+RECENT_HALF = {"name": "recent-half", "selector": "recent", "budget": 0.5}
+FULL = {"name": "full", "selector": "full"}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def demo(request, tmp_path_factory):
+    path = build_demo_model(request.param, tmp_path_factory.mktemp(request.param) / "m", seed=11)
+    tok = load_tokenizer(str(path))
+    model = load_model(str(path))
+    return model, tok, chat_prompt_ids(tok, PROMPT), eos_token_ids(model, tok)
+
+
+@torch.no_grad()
+def reference_logits(model, ids, kept, tokens) -> torch.Tensor:
+    """Plain transformers decoding over an explicitly gathered per-sequence cache.
+
+    The prompt is prefilled, the kept positions of every layer and KV head are gathered into a
+    fresh DynamicCache of batch 1, and ``tokens`` are fed one by one at positions n, n+1, ….
+    Returns the logits of steps 1..len(tokens)+1 (step 1: after the prompt).
+    """
+    n = len(ids)
+    full = model(torch.tensor([ids]), use_cache=True).past_key_values
+    cache = DynamicCache()
+    for layer, entry in enumerate(full.layers):
+        index = kept[layer][None, :, :, None].expand(-1, -1, -1, entry.keys.shape[-1])
+        cache.update(entry.keys.gather(2, index), entry.values.gather(2, index), layer)
+    out = [model(torch.tensor([ids])).logits[0, -1]]
+    for j, token in enumerate(tokens):
+        result = model(
+            input_ids=torch.tensor([[int(token)]]),
+            position_ids=torch.tensor([[n + j]]),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        out.append(result.logits[0, -1])
+    return torch.stack(out)
+
+
+def test_distributions_equal_plain_forward_before_and_after_divergence(demo):
+    model, _, ids, eos = demo
+    H, K = 24, 4
+    r = rollout_document(
+        model, ids, SNAPKV_HALF, "doc-a", K, H, seed=5, eos_ids=eos, keep_logits=True
+    )
+    kept = kept_positions(model, ids, SNAPKV_HALF)
+    everything = kept_positions(model, ids, FULL)
+    diverged = r.x_token != r.y_token
+    assert diverged[:, 1:].any(axis=1).sum() >= 2  # several paths split inside the horizon
+    post_divergence_checked = 0
+    for k in range(K):
+        streams = {
+            "p": reference_logits(model, ids, everything, r.x_token[k, :-1]),
+            "q": reference_logits(model, ids, kept, r.y_token[k, :-1]),
+            "q_fixed": reference_logits(model, ids, kept, r.x_token[k, :-1]),
+        }
+        for name, logits in streams.items():
+            expected = logits.double().softmax(-1).numpy()
+            got = torch.from_numpy(r.logits[name][k]).double().softmax(-1).numpy()
+            assert np.abs(got - expected).max() <= 1e-5, name
+        if diverged[k].any():
+            post_divergence_checked += H - int(np.argmax(diverged[k])) - 1
+    assert post_divergence_checked >= 10
+
+
+def test_first_step_and_full_control(demo):
+    model, _, ids, eos = demo
+    r = rollout_document(model, ids, RECENT_HALF, "doc-b", 6, 16, seed=1, eos_ids=eos)
+    assert np.all(r.tv_rollout[:, 0] == 0) and np.all(r.tv_fixed[:, 0] == 0)  # δ_1 = f_1 = 0
+    assert np.all(r.x_token[:, 0] == r.y_token[:, 0])
+    assert r.tv_rollout[:, 1:].max() > 0
+    full = rollout_document(model, ids, FULL, "doc-b", 6, 16, seed=1, eos_ids=eos)
+    assert np.all(full.tv_rollout == 0) and np.all(full.tv_fixed == 0)
+    assert np.array_equal(full.x_token, full.y_token)
+    assert full.n_kept == full.n_prompt == len(ids)
+
+
+def test_reference_is_shared_across_actions_and_reruns_are_bit_identical(demo):
+    model, _, ids, eos = demo
+    runs = {
+        a["name"]: rollout_document(model, ids, a, "doc-c", 5, 20, seed=9, eos_ids=eos)
+        for a in (SNAPKV_HALF, RECENT_HALF, FULL)
+    }
+    x = runs["full"].x_token
+    for r in runs.values():
+        assert np.array_equal(r.x_token, x)
+    again = rollout_document(model, ids, SNAPKV_HALF, "doc-c", 5, 20, seed=9, eos_ids=eos)
+    for field in ("x_token", "y_token", "tv_rollout", "tv_fixed", "x_eos", "y_eos"):
+        assert np.array_equal(getattr(again, field), getattr(runs["snapkv-half"], field))
+    # a different seed or document changes the reference; independent coupling decouples actions
+    other = rollout_document(model, ids, FULL, "doc-d", 5, 20, seed=9, eos_ids=eos)
+    assert not np.array_equal(other.x_token, x)
+    indep = {
+        a["name"]: rollout_document(
+            model, ids, a, "doc-c", 5, 20, seed=9, eos_ids=eos, coupling="independent"
+        )
+        for a in (SNAPKV_HALF, RECENT_HALF)
+    }
+    assert not np.array_equal(indep["snapkv-half"].x_token, indep["recent-half"].x_token)
+    with pytest.raises(ValueError, match="coupling"):
+        rollout_document(model, ids, FULL, "d", 1, 4, seed=9, eos_ids=eos, coupling="shared")
+
+
+def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch):
+    model, _, ids, eos = demo
+    whole = rollout_document(model, ids, SNAPKV_HALF, "doc-e", 6, 12, seed=2, eos_ids=eos)
+    small = rollout_document(
+        model, ids, SNAPKV_HALF, "doc-e", 6, 12, seed=2, eos_ids=eos, max_batch_rows=6
+    )
+    subset = rollout_document(model, ids, SNAPKV_HALF, "doc-e", [4, 5], 12, seed=2, eos_ids=eos)
+    assert np.array_equal(small.x_token, whole.x_token)
+    assert np.array_equal(small.y_token, whole.y_token)
+    np.testing.assert_allclose(small.tv_rollout, whole.tv_rollout, atol=1e-6)
+    assert np.array_equal(subset.y_token, whole.y_token[4:])
+
+    real_chunk = engine._rollout_chunk
+    sizes = []
+
+    def fake_oom(*args, **kwargs):
+        sizes.append(len(args[4]))
+        if len(args[4]) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_chunk(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_rollout_chunk", fake_oom)
+    split = rollout_document(model, ids, SNAPKV_HALF, "doc-e", 6, 12, seed=2, eos_ids=eos)
+    assert sizes[0] == 6 and sizes.count(6) == 1
+    assert sum(size for size in sizes if size <= 2) == 6  # the chunks that ran cover K once
+    assert split.batch_rows == 3 * 2  # later documents start from the size that fitted
+    assert np.array_equal(split.x_token, whole.x_token)
+    assert np.array_equal(split.y_token, whole.y_token)
+
+
+def test_eos_is_absorbing(demo):
+    model, _, ids, _ = demo
+    # Make frequent tokens "EOS" so that both sequences end inside the horizon.
+    probe = rollout_document(model, ids, FULL, "doc-f", 8, 16, seed=4, eos_ids=[0])
+    common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
+    r = rollout_document(model, ids, RECENT_HALF, "doc-f", 8, 32, seed=4, eos_ids=common)
+    assert r.x_eos[:, -1].any() and r.y_eos[:, -1].any()
+    for k in range(8):
+        for tokens, ended in ((r.x_token[k], r.x_eos[k]), (r.y_token[k], r.y_eos[k])):
+            assert np.all(np.diff(ended.astype(int)) >= 0)  # once ended, always ended
+            assert np.array_equal(ended, np.maximum.accumulate(np.isin(tokens, common)))
+            if ended.any():
+                first = int(np.argmax(ended))
+                assert np.all(tokens[first + 1 :] == common[0])  # canonical EOS repeated
+        both = r.x_eos[k] & r.y_eos[k]
+        shifted = np.concatenate([[False], both[:-1]])  # kernels are point masses from t+1
+        assert np.all(r.tv_rollout[k][shifted] == 0)
+        x_ended_before = np.concatenate([[False], r.x_eos[k][:-1]])
+        assert np.all(r.tv_fixed[k][x_ended_before] == 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab_model():
+    config = LlamaConfig(
+        vocab_size=6,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                param.normal_(0, 0.8 if name.startswith("lm_head") else 0.3)
+    return model
+
+
+def test_coupling_frequencies_match_exact_law(tiny_vocab_model):
+    """(X_1, X_2, Y_2) over many replicates against the exact stepwise maximal coupling."""
+    model = tiny_vocab_model
+    ids = torch.randint(0, 6, (80,), generator=torch.Generator().manual_seed(1)).tolist()
+    action = {"name": "s", "selector": "snapkv", "budget": 24, "window": 16}
+    n_rep = 6000
+    r = rollout_document(
+        model, ids, action, "tiny", n_rep, 2, seed=3, eos_ids=[5], max_batch_rows=3 * n_rep
+    )
+    kept = kept_positions(model, ids, action)
+    everything = kept_positions(model, ids, {"name": "f", "selector": "full"})
+    p1 = reference_logits(model, ids, everything, [])[0].double().softmax(-1).numpy()
+    exact = np.zeros((6, 6, 6))  # (x1, x2, y2); Y_1 = X_1 since δ_1 = 0
+    tv2 = np.zeros(6)
+    for x1 in range(6):
+        p2 = reference_logits(model, ids, everything, [x1])[1].double().softmax(-1).numpy()
+        q2 = reference_logits(model, ids, kept, [x1])[1].double().softmax(-1).numpy()
+        if x1 == 5:  # EOS absorbing
+            p2 = q2 = np.eye(6)[5]
+        exact[x1] = p1[x1] * maximal_coupling_joint(p2, q2)
+        tv2[x1] = 0.5 * np.abs(p2 - q2).sum()
+    np.testing.assert_allclose(r.tv_rollout[:, 1], tv2[r.x_token[:, 0]], atol=1e-5)
+    assert np.array_equal(r.x_token[:, 0], r.y_token[:, 0])
+    counts = np.zeros((6, 6, 6))
+    np.add.at(counts, (r.x_token[:, 0], r.x_token[:, 1], r.y_token[:, 1]), 1)
+    expected = exact * n_rep
+    cells = expected > 5
+    assert counts[~cells].sum() <= max(5 * expected[~cells].sum(), 10)
+    chi2 = ((counts[cells] - expected[cells]) ** 2 / expected[cells]).sum()
+    p_value = scipy.stats.chi2.sf(chi2, df=cells.sum() - 1)
+    assert p_value > 1e-3, (chi2, cells.sum())
+    mismatch = (r.x_token[:, 1] != r.y_token[:, 1]).mean()
+    exact_mismatch = (p1 * tv2).sum()
+    assert 0.05 < exact_mismatch < 0.95  # the test has power
+    assert abs(mismatch - exact_mismatch) < 4 * np.sqrt(exact_mismatch / n_rep)
+
+
+def test_trajectory_parquet_round_trip_and_malformed_file(demo, tmp_path):
+    model, tok, _, eos = demo
+    docs = [("d/0", PROMPT, 3), ("d/1", PROMPT[::-1], 2)]
+    frame = rollout_documents(model, tok, docs, SNAPKV_HALF, 8, seed=1, eos_ids=eos)
+    assert frame.height == (3 + 2) * 8
+    assert frame.filter(pl.col("doc_id") == "d/1")["replicate"].unique().sort().to_list() == [0, 1]
+    assert frame["t"].min() == 1 and frame["t"].max() == 8
+    assert (frame["mismatch"] == (frame["x_token"] != frame["y_token"])).all()
+    meta = {
+        "model": "demo",
+        "revision": None,
+        "action": SNAPKV_HALF,
+        "H": 8,
+        "K": 3,
+        "seed": 1,
+        "coupling": "shared-reference",
+        "dtype": "float32",
+        "device": "cpu",
+    }
+    path = tmp_path / "t.parquet"
+    write_trajectories(frame, path, meta)
+    back = read_trajectories(path)
+    assert back.equals(frame)
+    assert read_trajectory_metadata(path)["action"] == SNAPKV_HALF
+    write_trajectories(frame, path, meta)
+    frame.drop("tv_fixed").write_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(TrajectoryFormatError, match="tv_fixed"):
+        read_trajectories(tmp_path / "bad.parquet")
+    frame.with_columns(pl.col("mismatch").cast(pl.String)).write_parquet(tmp_path / "bad2.parquet")
+    with pytest.raises(TrajectoryFormatError, match="mismatch"):
+        read_trajectories(tmp_path / "bad2.parquet")
+    assert trajectory_frame([]).height == 0
+
+
+def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
+    """Every row group attends to one (H_kv, n, d) prompt tensor; the X group uses the prefill's
+    own storage; each row's cache holds only its ≤ H generated entries."""
+    model, _, ids, eos = demo
+    seen = []
+    real = engine.shared_prefix_attention
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        prefix = kwargs.get("kvd_prefix")
+        if prefix is not None and module.layer_idx == 0:
+            seen.append((key.shape, [(a, b, k.shape) for a, b, k, _ in prefix.groups[0]]))
+        return real(module, query, key, value, attention_mask, **kwargs)
+
+    transformers.AttentionInterface.register(engine.ATTENTION_NAME, spy)
+    try:
+        pre = run_prefill(model, ids, 32)
+        rollout_document(model, ids, SNAPKV_HALF, "doc-g", 7, 6, seed=1, eos_ids=eos, prefill=pre)
+    finally:
+        transformers.AttentionInterface.register(engine.ATTENTION_NAME, real)
+    n, n_kv = len(ids), model.config.num_key_value_heads
+    assert len(seen) == 5
+    for step, (own_shape, groups) in enumerate(seen, start=1):
+        assert own_shape[0] == 21 and own_shape[2] == step  # 3 streams × 7 rows, own entries
+        assert [(a, b) for a, b, _ in groups] == [(0, 7), (7, 14), (14, 21)]
+        assert groups[0][2] == (n_kv, n, pre.head_dim)
+        assert groups[1][2] == (n_kv, n // 2, pre.head_dim)
