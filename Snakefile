@@ -9,6 +9,7 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/datasets.smk"
 include: "workflow/rules/finite_state.smk"
 
 

@@ -20,6 +20,7 @@ from kvdiverge.datasets.materialize import (
     DocumentsFormatError,
     materialize_stratum,
     read_documents,
+    stratum_source_paths,
     write_documents,
 )
 from kvdiverge.datasets.ruler import RULER_TASKS
@@ -49,5 +50,6 @@ __all__ = [
     "plan_documents",
     "read_documents",
     "stratum_names",
+    "stratum_source_paths",
     "write_documents",
 ]

@@ -66,12 +66,17 @@ def ruler_unit_search(
 
     Tokens per unit are estimated from one prompt with ``inc`` units; the search runs over
     ``[min_units, max(upper_factor * budget / tokens_per_unit, 2 * inc)]`` (RULER starts at
-    ``inc``; short budgets need fewer units than that, so the lower end is the task's minimum).
+    ``inc``; short budgets need fewer units than that, so the lower end is the task's minimum),
+    and the upper end is doubled while it still fits.
     Returns None when not even ``min_units`` fits.
     """
     probe_units = max(inc, min_units)
     tokens_per_unit = max(n_tokens(probe_units), 1) / probe_units
     hi = max(int(upper_factor * budget / tokens_per_unit), 2 * probe_units)
+    # at short budgets the template dominates the probe and the estimate undershoots: widen
+    # the bracket until its upper end no longer fits, so the search keeps RULER's meaning
+    while n_tokens(hi) <= budget:
+        hi *= 2
     return largest_fitting(n_tokens, budget, min_units, hi)
 
 

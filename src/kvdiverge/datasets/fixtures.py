@@ -21,7 +21,7 @@ from kvdiverge.io import atomic_write_text
 
 __all__ = ["DEFAULT_KILT_PASSAGES", "write_fixtures"]
 
-DEFAULT_KILT_PASSAGES: tuple[int, ...] = (8, 16, 24)
+DEFAULT_KILT_PASSAGES: tuple[int, ...] = (4, 10, 16)
 """The K values (passages per question) of the KILT fixture files: the default's rag_passages."""
 
 NOTE = "SYNTHETIC fixture written for kvdiverge (invented facts); not the original dataset."
@@ -100,9 +100,9 @@ def _dump_jsonl(path: Path, rows: Iterable[dict]) -> None:
 
 def _squad(world: _World) -> dict:
     articles = []
-    for a in range(4):
+    for a in range(8):
         paragraphs = []
-        for t in world.towns[a * 3 : a * 3 + 3]:
+        for t in world.towns[a * 4 : a * 4 + 4]:
             _, text = world.passage(t, 0)
             qas = []
             for j, (question, answer) in enumerate(
@@ -270,8 +270,13 @@ def _alce_prompts(world: _World, towns: list[dict], dataset: str) -> dict:
         demo_prompt = "{instruction}\n\nQuestion: {question}\n\n{context}\nAnswer: {answer}"
     demos = []
     for t in towns:
-        docs = [dict(zip(("title", "text"), world.passage(t, k), strict=True)) for k in range(3)]
-        docs += [dict(zip(("title", "text"), world.passage(towns[0], 2), strict=True))] * 2
+        docs = [
+            {"title": t["town"], "text": f"Founded in {t['year']} by {t['founder']}."},
+            {"title": t["founder"], "text": f"Author of {t['book']}."},
+            {"title": t["river"], "text": f"A river through {t['town']}."},
+            {"title": t["region"], "text": f"A valley around {t['town']}."},
+            {"title": towns[0]["town"], "text": f"A town on {towns[0]['river']}."},
+        ]
         answer = (
             f"{t['town']} was founded by {t['founder']} in {t['year']} [1]."
             if dataset == "asqa"

@@ -12,6 +12,7 @@ import logging
 import os
 import random
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -30,6 +31,7 @@ from kvdiverge.datasets.helmet import (
     HELMET_TASK_NAMES,
     HelmetSource,
     build_helmet_prompt,
+    helmet_file_paths,
     load_helmet_source,
 )
 from kvdiverge.datasets.strata import DatasetsConfig, DocumentSlot, Stratum, plan_documents
@@ -40,6 +42,7 @@ __all__ = [
     "DocumentsFormatError",
     "materialize_stratum",
     "read_documents",
+    "stratum_source_paths",
     "write_documents",
 ]
 
@@ -328,3 +331,22 @@ def read_documents(path: str | os.PathLike) -> pl.DataFrame:
     if frame["doc_id"].n_unique() != frame.height:
         raise DocumentsFormatError(f"{path}: doc_id values are not unique")
     return frame.select(list(DOCUMENTS_SCHEMA)).cast(DOCUMENTS_SCHEMA)
+
+
+def stratum_source_paths(cfg: DatasetsConfig, stratum_name: str) -> list[Path]:
+    """The data files and folders one stratum reads (for Snakemake inputs), existing or not."""
+    stratum = cfg.stratum(stratum_name)
+    tasks = {s.task for s in plan_documents(cfg) if s.stratum.name == stratum.name}
+    paths: list[Path] = []
+    if stratum.env == "ruler":
+        if cfg.essay_dir and any(R.task_needs_essays(t) for t in tasks):
+            paths += sorted(Path(cfg.essay_dir).glob("*.txt")) or [Path(cfg.essay_dir)]
+        paths += [cfg.squad] if "qa_1" in tasks else []
+        paths += [cfg.hotpotqa] if "qa_2" in tasks else []
+        return paths
+    for dataset in sorted(tasks):
+        count = stratum.cite_documents if dataset.startswith("alce") else stratum.rag_passages
+        paths += list(
+            helmet_file_paths(dataset, cfg.helmet_data_dir, cfg.helmet_prompts_dir, count)
+        )
+    return list(dict.fromkeys(paths))

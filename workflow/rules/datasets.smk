@@ -1,0 +1,25 @@
+# Documents of the language-model study (paper §5.1; DESIGN §3.1; README "Datasets").
+
+
+rule materialize_documents:
+    input:
+        unpack(documents_inputs),
+    output:
+        "data/documents/{stratum}.parquet",
+    log:
+        "logs/datasets/materialize_documents/{stratum}.log",
+    benchmark:
+        "results/benchmarks/materialize_documents/{stratum}.tsv"
+    wildcard_constraints:
+        stratum="|".join(s.name for s in DATASETS.strata),
+    conda:
+        "../../envs/datasets.yaml"
+    params:
+        datasets=config["datasets"],
+        tokenizer=lambda wildcards: length_tokenizer_path(),
+        trust_remote_code=lambda wildcards: bool(
+            length_tokenizer_model()[1].get("trust_remote_code", False)
+        ),
+        code=fingerprint("kvdiverge.datasets", "kvdiverge.models"),
+    script:
+        "../scripts/materialize_documents.py"
