@@ -81,17 +81,17 @@ def test_identical_actions_pair_to_a_zero_width_contrast():
 def test_interval_coverage_is_nominal():
     """95% intervals of a stratified mean and a ratio of means cover the truth 92–98% of the time.
 
-    Two strata (20 and 28 documents) with different laws; the pooled estimand weighs documents
+    Two strata of 48 documents (a paper stratum) with different laws; the pooled estimand weighs documents
     equally, so its truth is the size-weighted mix of the stratum expectations.
     """
     reps, draws = 1000, 999
-    sizes = {"s1": 20, "s2": 28}
+    sizes = {"s1": 48, "s2": 48}
     strata = np.repeat(list(sizes), list(sizes.values()))
     n = strata.size
     s1 = strata == "s1"
     # numerator ~ Beta(2, 5) in s1 (mean 2/7), Exp(mean 0.5) in s2; denominator U(0.5, 1.5)+I[s2]
-    mean_num = (20 * 2 / 7 + 28 * 0.5) / n
-    mean_den = (20 * 1.0 + 28 * 2.0) / n
+    mean_num = (48 * 2 / 7 + 48 * 0.5) / n
+    mean_den = (48 * 1.0 + 48 * 2.0) / n
     truth = np.array([mean_num, mean_num / mean_den])
     rng = np.random.default_rng(11)
     hits = np.zeros(2)
@@ -104,5 +104,4 @@ def test_interval_coverage_is_nominal():
         low, high = percentile_interval(est, 0.95)
         hits += (low <= truth) & (truth <= high)
     coverage = hits / reps
-    print("coverage", coverage)
     assert ((coverage >= 0.92) & (coverage <= 0.98)).all(), coverage

@@ -40,6 +40,7 @@ PATH_B = {
 # Worked by hand from the definitions in SPEC §2 and §5 (see the module docstring's table).
 EXPECTED_A = {
     "mismatch": 3 / 8,
+    "mismatch_sq": 9 / 64,
     "diverged": 1,
     "tau_diverged": 3,
     "exposure": 5 / 8,

@@ -15,7 +15,6 @@ from kvdiverge.analysis.estimands import (
     estimands_table,
 )
 from kvdiverge.analysis.synthetic import (
-    MONTE_CARLO_STATISTICS,
     exact_statistic_means,
     stratum_pairs,
     write_synthetic_study,

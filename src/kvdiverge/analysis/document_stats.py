@@ -12,6 +12,7 @@ e = min(e_X, e_Y), e' = max(e_X, e_Y) and d the branch-cohort depth (64 at H = 1
 column                 per-path value (SPEC §2, §5)
 =====================  =====================================================================
 mismatch               D_H = (1/H) Σ_t I_t
+mismatch_sq            D_H² (within-document variance for sample-size planning)
 diverged               1{τ ≤ H}
 tau_diverged           τ·1{τ ≤ H}
 exposure               (H − τ)+ / H
@@ -154,6 +155,7 @@ def stat_columns(clock: Clock) -> list[str]:
     """Names of the per-document statistic columns for ``clock`` (DESIGN §3.3), in order."""
     scalars = [
         "mismatch",
+        "mismatch_sq",
         "diverged",
         "tau_diverged",
         "exposure",
@@ -236,6 +238,7 @@ def path_statistics(
 
     cols = [
         mism.sum(1) / h,
+        (mism.sum(1) / h) ** 2,
         diverged.astype(float),
         np.where(diverged, tau, 0).astype(float),
         np.clip(h - tau, 0, None) / h,
