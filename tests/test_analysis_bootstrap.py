@@ -81,8 +81,8 @@ def test_identical_actions_pair_to_a_zero_width_contrast():
 def test_interval_coverage_is_nominal():
     """95% intervals of a stratified mean and a ratio of means cover the truth 92–98% of the time.
 
-    Two strata of 48 documents (a paper stratum) with different laws; the pooled estimand weighs documents
-    equally, so its truth is the size-weighted mix of the stratum expectations.
+    Two strata of 48 documents (a paper stratum) with different laws; the pooled estimand weighs
+    documents equally, so its truth is the size-weighted mix of the stratum expectations.
     """
     reps, draws = 1000, 999
     sizes = {"s1": 48, "s2": 48}
