@@ -11,6 +11,8 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/datasets.smk"
 include: "workflow/rules/finite_state.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/rollouts.smk"
 
 
 rule all:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,8 @@ __all__ = [
     "SharedPrefix",
     "rollout_document",
     "rollout_documents",
+    "run_rollout_job",
+    "select_documents",
     "shared_prefix_attention",
     "trajectory_frame",
 ]
@@ -496,3 +499,106 @@ def rollout_documents(
         if progress is not None:
             progress.update(1)
     return trajectory_frame(rollouts)
+
+
+DOCUMENT_COLUMNS = ("doc_id", "cohort", "prompt")
+
+
+def select_documents(
+    path: str | os.PathLike, cohorts: Mapping[str, int]
+) -> list[tuple[str, str, int]]:
+    """``(doc_id, prompt, K)`` for the documents of ``path`` (DESIGN §3.1) in ``cohorts``.
+
+    ``cohorts`` maps a cohort name to its replicate count (e.g. ``{dev: K_dev, study1: K}``).
+    Sorted by cohort order, then doc_id. A missing column is one clear error naming the file.
+    """
+    try:
+        frame = pl.read_parquet(path, columns=list(DOCUMENT_COLUMNS))
+    except (pl.exceptions.ColumnNotFoundError, pl.exceptions.SchemaError) as exc:
+        raise ValueError(
+            f"{path}: documents table needs columns {', '.join(DOCUMENT_COLUMNS)} ({exc})"
+        ) from exc
+    except (OSError, pl.exceptions.ComputeError) as exc:
+        raise ValueError(f"{path}: not a readable documents Parquet file ({exc})") from exc
+    if frame["doc_id"].n_unique() != frame.height:
+        raise ValueError(f"{path}: doc_id values are not unique")
+    out = []
+    for cohort, k in cohorts.items():
+        rows = frame.filter(pl.col("cohort") == cohort).sort("doc_id")
+        out.extend((d, p, int(k)) for d, p in zip(rows["doc_id"], rows["prompt"], strict=True))
+    return out
+
+
+def run_rollout_job(
+    documents_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    model: Mapping[str, Any],
+    action: Mapping[str, Any],
+    cohorts: Mapping[str, int],
+    H: int,
+    seed: int,
+    coupling: str = "shared-reference",
+    max_batch_rows: int = 192,
+    device: str = "auto",
+    log_file: Any = None,
+) -> pl.DataFrame:
+    """One rollout job of the pipeline (DESIGN §2): documents → trajectory file (§3.2).
+
+    ``model``: ``{name, path, revision, trust_remote_code, dtype}``; ``action``: an action
+    spec dict with its name; ``cohorts``: replicates per cohort. Inputs are checked before the
+    model loads; progress (one tick per document) goes to ``log_file``.
+    """
+    from tqdm import tqdm
+
+    from kvdiverge.models import eos_token_ids, load_model, load_tokenizer
+    from kvdiverge.trajectories import write_trajectories
+
+    spec = parse_action(action)
+    if coupling not in COUPLING_MODES:
+        raise ValueError(f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {coupling!r}")
+    documents = select_documents(documents_path, cohorts)
+    if not documents:
+        log.warning("%s: no documents of cohort(s) %s", documents_path, ", ".join(cohorts))
+    lm = load_model(
+        model["path"],
+        device=device,
+        dtype=model.get("dtype", "auto"),
+        revision=model.get("revision"),
+        trust_remote_code=bool(model.get("trust_remote_code", False)),
+    )
+    tokenizer = load_tokenizer(
+        model["path"],
+        trust_remote_code=bool(model.get("trust_remote_code", False)),
+        revision=model.get("revision"),
+    )
+    eos = eos_token_ids(lm, tokenizer)
+    log.info(
+        "model %s (%s, %s on %s); action %s; %d documents; H=%d; EOS %s",
+        model.get("name", model["path"]),
+        model["path"],
+        lm.dtype,
+        lm.device,
+        spec.name,
+        len(documents),
+        H,
+        eos,
+    )
+    with tqdm(total=len(documents), file=log_file, unit="doc", mininterval=1.0) as bar:
+        frame = rollout_documents(
+            lm, tokenizer, documents, spec, H, seed, eos, coupling, max_batch_rows, progress=bar
+        )
+    metadata = {
+        "model": {"name": model.get("name"), "path": str(model["path"])},
+        "revision": model.get("revision"),
+        "action": spec.as_dict(),
+        "H": H,
+        "K": dict(cohorts),
+        "seed": seed,
+        "coupling": coupling,
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "device": str(lm.device),
+        "eos_ids": list(eos),
+        "n_documents": len(documents),
+    }
+    write_trajectories(frame, out_path, metadata)
+    return frame

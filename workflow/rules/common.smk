@@ -49,3 +49,76 @@ def documents_inputs(wildcards):
     name, spec = length_tokenizer_model()
     paths = [str(p) for p in stratum_source_paths(DATASETS, wildcards.stratum) if p.exists()]
     return {"tokenizer": [length_tokenizer_path()] if spec.get("demo") else [], "data": paths}
+
+
+# ---- Models and rollouts (README "Rollout engine"): actions and studies checked at parse time --
+from kvdiverge.eviction import parse_action
+
+ROLLOUT_ACTIONS = {name: parse_action(spec, name=name) for name, spec in config["actions"].items()}
+
+
+def demo_models():
+    """Names of the models built locally by rule build_demo_model."""
+    return [name for name, spec in config["models"].items() if spec.get("demo")]
+
+
+def model_path(name):
+    """A demo model's build folder, else the configured path or hub id (one-line errors)."""
+    spec = config["models"].get(name)
+    if spec is None:
+        raise ValueError(f"config.models: no model named {name!r} ({', '.join(config['models'])})")
+    if spec.get("demo"):
+        path = f"data/models/{name}"
+        if spec.get("path", path) != path:
+            raise ValueError(f"config.models.{name}.path: a demo model is built into {path}")
+        return path
+    if "path" not in spec:
+        raise ValueError(f"config.models.{name}: expected `path` (directory or hub id) or `demo`")
+    return spec["path"]
+
+
+for _study, _spec in config["studies"].items():
+    for _name in [*_spec["actions"], _spec["control"]]:
+        if _name not in ROLLOUT_ACTIONS:
+            raise ValueError(f"config.studies.{_study}: action {_name!r} is not in config.actions")
+    if _spec["control"] not in _spec["actions"]:
+        raise ValueError(
+            f"config.studies.{_study}.control: {_spec['control']!r} not in its actions"
+        )
+
+
+def rollout_model(wildcards):
+    """Loading parameters of the rollout's model (path, revision, remote code, dtype)."""
+    spec = config["models"][wildcards.model]
+    return {
+        "name": wildcards.model,
+        "path": model_path(wildcards.model),
+        "revision": spec.get("revision"),
+        "trust_remote_code": bool(spec.get("trust_remote_code", False)),
+        "dtype": spec.get("dtype", "auto"),
+    }
+
+
+def rollout_model_input(wildcards):
+    """The model folder when the rollout's model is built by build_demo_model."""
+    return [model_path(wildcards.model)] if wildcards.model in demo_models() else []
+
+
+def rollout_action(wildcards):
+    """The action spec with all its parameters (DESIGN §3.6)."""
+    study = config["studies"][wildcards.study]
+    if wildcards.action not in study["actions"]:
+        raise ValueError(
+            f"config.studies.{wildcards.study}.actions: no action {wildcards.action!r} "
+            f"({', '.join(study['actions'])})"
+        )
+    return ROLLOUT_ACTIONS[wildcards.action].as_dict()
+
+
+def rollout_cohorts(wildcards):
+    """Replicates per cohort: dev → K_dev, the study's cohort → K; the control uses K_control."""
+    study = config["studies"][wildcards.study]
+    cohort = study.get("cohort", wildcards.study)
+    if wildcards.action == study["control"]:
+        return {"dev": study["K_control"], cohort: study["K_control"]}
+    return {"dev": study["K_dev"], cohort: study["K"]}

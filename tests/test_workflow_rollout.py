@@ -1,0 +1,137 @@
+"""End to end: rules build_demo_model and rollout (DESIGN §2, §3.2; README "Rollout engine")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import yaml
+
+from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
+SMALL = {
+    "rollout": {"H": 10},
+    "studies": {
+        "study1": {"actions": ["snapkv-half", "recent-half", "full"], "K": 3, "K_dev": 2},
+        "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 1, "K_control": 1},
+    },
+}
+
+
+def _workdir(tmp_path: Path) -> Path:
+    work = tmp_path / "wf"
+    work.mkdir()
+    shutil.copy(ROOT / "Snakefile", work / "Snakefile")
+    for folder in ("workflow", "envs"):
+        shutil.copytree(ROOT / folder, work / folder)
+    if (ROOT / "data" / "fixtures").is_dir():
+        shutil.copytree(ROOT / "data" / "fixtures", work / "data" / "fixtures")
+    shutil.copy(ROOT / "config.yaml", work / "config.yaml")
+    (work / "data" / "documents").mkdir(parents=True)
+    shutil.copy(FIXTURE, work / "data" / "documents" / "ruler-1024.parquet")
+    return work
+
+
+def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.run(
+        [SNAKEMAKE, "--cores", "2", "--workflow-profile", "none", *args],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_rollout_rule_writes_trajectories(tmp_path):
+    work = _workdir(tmp_path)
+    override = tmp_path / "small.yaml"
+    override.write_text(yaml.safe_dump(SMALL))
+    targets = {
+        ("study1", "tiny-llama", "snapkv-half"),
+        ("study1", "tiny-llama", "full"),
+        ("study2", "tiny-qwen", "recent-90"),
+    }
+    paths = {t: f"results/{t[0]}/{t[1]}/trajectories/{t[2]}/ruler-1024.parquet" for t in targets}
+    # The fixture stands in for materialize_documents' output (another stage's rule).
+    res = _snakemake(
+        work,
+        *paths.values(),
+        "--allowed-rules",
+        "build_demo_model",
+        "rollout",
+        "--configfile",
+        str(override),
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (work / "data/models/tiny-llama/model.safetensors").exists()
+    assert (work / "data/models/tiny-qwen/tokenizer.json").exists()
+
+    frames = {t: read_trajectories(work / p) for t, p in paths.items()}
+    docs = pl.read_parquet(FIXTURE)
+    for (study, model, action), frame in frames.items():
+        meta = read_trajectory_metadata(work / paths[(study, model, action)])
+        assert meta["action"]["name"] == action and meta["H"] == 10
+        assert meta["coupling"] == "shared-reference" and meta["device"] == "cpu"
+        assert meta["model"]["name"] == model and meta["dtype"] == "float32"
+        spec = SMALL["studies"][study]
+        if action == "full":
+            expected = {"dev": 2, study: 2}  # K_control (default 2)
+        else:
+            expected = {"dev": spec["K_dev"], study: spec["K"]}
+        assert meta["K"] == expected
+        per_doc = frame.group_by("doc_id").agg(pl.col("replicate").n_unique().alias("K"))
+        wanted = docs.filter(pl.col("cohort").is_in(list(expected)))
+        assert sorted(per_doc["doc_id"]) == sorted(wanted["doc_id"])
+        for doc_id, cohort in zip(wanted["doc_id"], wanted["cohort"], strict=True):
+            assert per_doc.filter(pl.col("doc_id") == doc_id)["K"].item() == expected[cohort]
+        assert frame.height == per_doc["K"].sum() * 10
+        assert (frame.filter(pl.col("t") == 1)["tv_rollout"] == 0).all()  # δ_1 = 0
+        assert (frame["n_kept"] <= frame["n_prompt"]).all()
+        log = work / f"logs/rollout/{study}/{model}/{action}/ruler-1024.log"
+        assert "doc" in log.read_text()  # tqdm progress per document
+        bench = work / f"results/benchmarks/rollout/{study}/{model}/{action}/ruler-1024.tsv"
+        assert bench.exists()
+
+    full = frames[("study1", "tiny-llama", "full")]
+    assert (full["tv_rollout"] == 0).all() and (full["tv_fixed"] == 0).all()
+    assert (full["x_token"] == full["y_token"]).all()
+    assert (full["n_kept"] == full["n_prompt"]).all()
+    snap = frames[("study1", "tiny-llama", "snapkv-half")]
+    assert (snap["n_kept"] == snap["n_prompt"] // 2).all()
+    assert snap["mismatch"].any()
+    # the same reference X in every action's job, path by path (common random numbers)
+    joined = full.join(snap, on=["doc_id", "replicate", "t"], suffix="_snap")
+    assert joined.height == full.height
+    assert np.array_equal(joined["x_token"].to_numpy(), joined["x_token_snap"].to_numpy())
+
+
+@pytest.mark.slow
+def test_invalid_action_is_one_line_before_any_work(tmp_path):
+    work = _workdir(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump({"actions": {"snapkv-tiny": {"selector": "snapkv", "budget": 16}}})
+    )
+    res = _snakemake(work, "-n", "--configfile", str(bad))
+    assert res.returncode != 0
+    out = res.stdout + res.stderr
+    assert "actions.snapkv-tiny.budget: 16 is below the observation window 64" in out
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text(yaml.safe_dump({"studies": {"study1": {"actions": ["h2o-half"]}}}))
+    res = _snakemake(work, "-n", "--configfile", str(unknown))
+    assert res.returncode != 0
+    assert "config.studies.study1: action 'h2o-half' is not in config.actions" in (
+        res.stdout + res.stderr
+    )

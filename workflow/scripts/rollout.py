@@ -1,0 +1,27 @@
+"""Rule rollout: coupled rollouts of a stratum's documents under one action (DESIGN §3.2, §4)."""
+
+import logging
+import sys
+
+sys.stderr = open(snakemake.log[0], "w")  # noqa: SIM115 (the job's log for its lifetime)
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+
+import torch  # noqa: E402
+
+from kvdiverge.engine import run_rollout_job  # noqa: E402
+
+torch.set_num_threads(snakemake.threads)
+params = snakemake.params
+run_rollout_job(
+    documents_path=snakemake.input.documents,
+    out_path=snakemake.output[0],
+    model=params.model,
+    action=params.action,
+    cohorts=params.cohorts,
+    H=params.H,
+    seed=params.seed,
+    coupling=params.coupling,
+    max_batch_rows=params.max_batch_rows,
+    device=params.device,
+    log_file=sys.stderr,
+)
