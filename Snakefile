@@ -13,6 +13,7 @@ include: "workflow/rules/datasets.smk"
 include: "workflow/rules/finite_state.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
+include: "workflow/rules/analysis.smk"
 
 
 rule all:

@@ -50,8 +50,10 @@ __all__ = [
     "all_pairs",
     "bootstrap_estimands",
     "contrast_estimands",
+    "control_max_tv",
     "estimands_table",
     "render_markdown",
+    "study_seed",
     "write_estimands",
 ]
 
@@ -332,6 +334,14 @@ def estimands_table(
                 )
             )
     return pl.concat(frames).select(ESTIMAND_COLUMNS)
+
+
+def control_max_tv(stats: pl.DataFrame, control: str) -> float:
+    """Largest document-mean E[δ_t] of the full-retention control (SPEC §5: it must be 0)."""
+    rows = stats.filter(pl.col("action") == control)
+    if rows.height == 0:
+        return 0.0
+    return float(rows.select(pl.max_horizontal(pl.col("^delta@.*$").max())).item())
 
 
 def study_seed(seed: int, study: str) -> int:

@@ -1,0 +1,39 @@
+"""Rule plan_sample_sizes: evaluation K and documents from development data (SPEC §5)."""
+
+import json
+import logging
+from itertools import product
+
+from kvdiverge.analysis.document_stats import read_document_stats
+from kvdiverge.analysis.planning import study_plan
+from kvdiverge.io import atomic_write_text
+
+logging.basicConfig(
+    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
+)
+p = snakemake.params
+study = p.study
+stats = {
+    m: read_document_stats(path)[0] for m, path in zip(p.models, snakemake.input.stats, strict=True)
+}
+keys = list(product(p.models, study["actions"], p.strata))
+benchmarks = dict(zip(keys, snakemake.input.benchmarks, strict=True))
+eval_docs = {
+    m: int(f.filter(cohort=study.get("cohort", snakemake.wildcards.study))["doc_id"].n_unique())
+    for m, f in stats.items()
+}
+plan = study_plan(
+    stats,
+    benchmarks,
+    actions=list(study["actions"]),
+    control=study["control"],
+    half_width=p.planning["half_width"],
+    level=p.planning["level"],
+    configured_K=study["K"],
+    configured_docs=max(eval_docs.values()),
+)
+plan["study"] = snakemake.wildcards.study
+atomic_write_text(snakemake.output[0], json.dumps(plan, indent=2) + "\n")
+logging.getLogger("plan_sample_sizes").info(
+    "%d plans -> %s", len(plan["plans"]), snakemake.output[0]
+)

@@ -1,0 +1,44 @@
+"""Rule prediction: aggregate prediction and Table 4 contrasts (SPEC §5, paper §5.7)."""
+
+import logging
+
+import polars as pl
+
+from kvdiverge.analysis.document_stats import AnalysisInputError, read_document_stats
+from kvdiverge.analysis.estimands import study_seed
+from kvdiverge.analysis.prediction import prediction_table
+from kvdiverge.io import atomic_path
+
+logging.basicConfig(
+    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
+)
+p = snakemake.params
+study = snakemake.wildcards.study
+if not p.pair:
+    raise AnalysisInputError(
+        f"config.analysis.prediction.pairs: no action pair for study {study!r}"
+    )
+settings = p.settings
+tables = []
+for model, path in zip(p.models, snakemake.input.stats, strict=True):
+    stats, clock = read_document_stats(path)
+    tables.append(
+        prediction_table(
+            stats,
+            clock,
+            model=model,
+            pair=tuple(p.pair),
+            eval_cohort=p.eval_cohort,
+            draws=settings["draws"],
+            seed=study_seed(p.seed, study),
+            alpha=p.alpha,
+            comparisons=settings["comparisons"],
+            margin=settings["margin"],
+            level=p.level,
+            folds=settings["folds"],
+            where=str(path),
+        )
+    )
+with atomic_path(snakemake.output[0], suffix=".csv") as tmp:
+    pl.concat(tables).write_csv(tmp)
+logging.getLogger("prediction").info("wrote %s", snakemake.output[0])
