@@ -96,8 +96,8 @@ def test_every_estimate_within_four_standard_errors(study, stratum):
                 continue  # counts, not estimates of a population value
             if stratum is not None and "@" in name:
                 continue  # per-stratum profiles: see the docstring
-            value, target = draws[0], np.asarray(truth[name])
-            se = np.nanstd(draws[1:], axis=0)
+            value, target = draws[:, 0], np.asarray(truth[name])
+            se = np.nanstd(draws[:, 1:], axis=1)
             slack = FLOAT32 + (MC_SLACK if _uses_monte_carlo(name) else 0.0)
             both_nan = np.isnan(value) & np.isnan(target)
             ok = both_nan | (np.abs(value - target) <= 4 * se + slack)

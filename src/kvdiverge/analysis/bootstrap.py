@@ -53,35 +53,52 @@ def resampled_means(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def percentile_interval(
-    draws: np.ndarray, level: float | np.ndarray
+    draws: np.ndarray, level: float | np.ndarray, axis: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap interval per column of ``draws`` (n_draws, n_estimands).
+    """Percentile bootstrap interval of each estimand; its draws run along ``axis``.
 
-    ``level`` is the coverage (0.95 pointwise, 1 − α/m family-adjusted), scalar or per column.
-    Draws where an estimand is undefined (NaN, e.g. a ratio with a zero denominator) are left
-    out; a column with no finite draw gets a NaN interval.
+    ``draws`` is (n_draws, n_estimands) for ``axis=0`` or (n_estimands, n_draws) for ``axis=1``.
+    ``level`` is the coverage (0.95 pointwise, 1 − α/m family-adjusted), scalar or per estimand.
+    Quantiles follow numpy's default ("linear") definition. Draws where an estimand is undefined
+    (NaN, e.g. a ratio with a zero denominator) are left out; an estimand with no finite draw
+    gets a NaN interval. NaN-free estimands use a partial sort (``np.partition``).
     """
     x = np.asarray(draws, dtype=np.float64)
     if x.ndim == 1:
-        x = x[:, None]
-    levels = np.broadcast_to(np.asarray(level, dtype=np.float64), (x.shape[1],))
+        x = x[:, None] if axis == 0 else x[None, :]
+    rows = np.moveaxis(x, axis, -1)  # (n_estimands, n_draws), draws along the last axis
+    n_est, n_draws = rows.shape
+    levels = np.broadcast_to(np.asarray(level, dtype=np.float64), (n_est,))
     if ((levels <= 0) | (levels >= 1)).any():
         raise ValueError(f"interval level: expected values in (0, 1), got {level}")
-    # Sorting puts NaNs last; each column interpolates among its own finite draws (numpy's
-    # "linear" quantile definition), so all columns are handled in one vectorized pass.
-    ordered = np.sort(x, axis=0)
-    finite = np.isfinite(x).sum(0)
-    lows, highs = (1 - levels) / 2, (1 + levels) / 2
+    low = np.full(n_est, np.nan)
+    high = np.full(n_est, np.nan)
+    finite = np.isfinite(rows)
+    complete = finite.all(1)
 
-    def quantile(p: np.ndarray) -> np.ndarray:
-        pos = p * np.maximum(finite - 1, 0)
+    def interpolate(ordered: np.ndarray, count: np.ndarray, p: np.ndarray) -> np.ndarray:
+        pos = p * (count - 1)
         lo = np.floor(pos).astype(np.int64)
-        hi = np.minimum(lo + 1, np.maximum(finite - 1, 0))
-        cols = np.arange(x.shape[1])
-        a, b = ordered[lo, cols], ordered[hi, cols]
+        hi = np.minimum(lo + 1, count - 1)
+        idx = np.arange(ordered.shape[0])
+        a, b = ordered[idx, lo], ordered[idx, hi]
         frac = pos - lo
-        val = a + (b - a) * frac
-        val = np.where(frac == 0, a, val)
-        return np.where(finite > 0, val, np.nan)
+        return np.where(frac == 0, a, a + (b - a) * frac)
 
-    return quantile(lows), quantile(highs)
+    for lvl in np.unique(levels[complete]):
+        sel = complete & (levels == lvl)
+        p = np.array([(1 - lvl) / 2, (1 + lvl) / 2])
+        pos = p * (n_draws - 1)
+        kth = np.unique(np.clip(np.r_[np.floor(pos), np.floor(pos) + 1], 0, n_draws - 1))
+        part = np.partition(rows[sel], kth.astype(np.int64), axis=1)
+        count = np.full(part.shape[0], n_draws)
+        low[sel] = interpolate(part, count, np.full(part.shape[0], p[0]))
+        high[sel] = interpolate(part, count, np.full(part.shape[0], p[1]))
+    partial = ~complete & finite.any(1)
+    if partial.any():
+        ordered = np.sort(rows[partial], axis=1)  # NaNs sort last
+        count = finite[partial].sum(1)
+        lv = levels[partial]
+        low[partial] = interpolate(ordered, count, (1 - lv) / 2)
+        high[partial] = interpolate(ordered, count, (1 + lv) / 2)
+    return low, high

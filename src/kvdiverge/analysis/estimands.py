@@ -3,8 +3,8 @@
 Each estimand is a function of document means of the statistics of
 :mod:`kvdiverge.analysis.document_stats` ("documents weigh equally; a ratio estimand is the
 ratio of document-averaged numerator and denominator"). All functions here are vectorized over
-a leading axis of bootstrap draws (row 0 is the observed sample) and an axis of actions, so the
-whole table is a few matrix products and one sort.
+a leading axis of actions and a trailing axis of bootstrap draws (draw 0 is the observed
+sample), so the whole table is a few matrix products and one partial sort.
 
 Estimand names (DESIGN §3.4), per action:
 
@@ -86,8 +86,8 @@ def action_estimands(
 ) -> dict[str, np.ndarray]:
     """Per-action estimands of SPEC §5 from document means (module docstring lists them).
 
-    ``means[name]`` holds the document mean of statistic ``name`` with any leading shape (e.g.
-    (draws, actions)); every result has that shape. ``n_docs`` scales the cohort counts.
+    ``means[name]`` holds the document mean of statistic ``name`` with any shape (e.g.
+    (actions, draws)); every result has that shape. ``n_docs`` scales the cohort counts.
     """
     h, d, w = clock.H, clock.branch_depth, clock.window
     m = means
@@ -154,20 +154,20 @@ def contrast_estimands(
 ) -> dict[str, np.ndarray]:
     """Contrasts ``b − a`` of every per-action estimand, plus the gap decomposition (SPEC §2).
 
-    ``per_action[name]`` has actions on its last axis; ``minuend`` / ``subtrahend`` index it
+    ``per_action[name]`` has actions on its first axis; ``minuend`` / ``subtrahend`` index it
     (one entry per contrast). ΔR_smc = ΔO_H + ΔE_H·C̄_H + ΔC_H·Ē_H holds exactly.
     """
     b, a = np.asarray(minuend), np.asarray(subtrahend)
 
     def diff(name: str) -> np.ndarray:
-        return per_action[name][..., b] - per_action[name][..., a]
+        return per_action[name][b] - per_action[name][a]
 
     out = {k: diff(k) for k in per_action if k not in _RECOMPUTED_SHARES}
     out["pre_eos_share"] = _ratio(out["rf_S0"], out["R_minus_F"])
     out["eos_share"] = 1 - out["pre_eos_share"]
     moments = ("O_H", "E_H", "Pi_H")
     gap = gap_decomposition(
-        {k: per_action[k][..., a] for k in moments}, {k: per_action[k][..., b] for k in moments}
+        {k: per_action[k][a] for k in moments}, {k: per_action[k][b] for k in moments}
     )
     for term in ("occurrence", "exposure", "rate"):
         out[f"gap_{term}"] = gap[term]
@@ -218,7 +218,7 @@ def bootstrap_estimands(
     ``stats`` holds one (document, action) row per document of the analysed cohort;
     ``weights`` (draws, n_docs) are multiplicities over the documents ordered by (stratum,
     doc_id), the same for every action (paired). Returns (per-action estimands with shape
-    (draws, n_actions), contrast estimands with shape (draws, n_contrasts), n_docs, paths per
+    (n_actions, draws), contrast estimands with shape (n_contrasts, draws), n_docs, paths per
     action).
     """
     docs, values, names = _aligned_matrix(stats, actions, clock, where)
@@ -230,9 +230,10 @@ def bootstrap_estimands(
     w = weights[:, select]
     v = values[select]
     n_docs, n_actions, n_stats = v.shape
-    flat = (w @ v.reshape(n_docs, -1)) / w.sum(1, keepdims=True)
-    means_arr = flat.reshape(-1, n_actions, n_stats)
-    means = {name: means_arr[..., i] for i, name in enumerate(names)}
+    # (actions·stats, draws): each statistic's draws are contiguous
+    flat = (v.reshape(n_docs, -1).T @ w.T) / w.sum(1)
+    means_arr = flat.reshape(n_actions, n_stats, -1)
+    means = {name: means_arr[:, i, :] for i, name in enumerate(names)}
     per_action = action_estimands(means, clock, n_docs)
     index = {a: i for i, a in enumerate(actions)}
     minuend = [index[b] for b, _ in contrasts]
@@ -299,14 +300,16 @@ def estimands_table(
             if not table:
                 continue
             keys = list(table)
-            cube = np.stack([table[k] for k in keys], axis=1)  # (draws, estimands, units)
-            n_units = cube.shape[2]
+            cube = np.stack([table[k] for k in keys])  # (estimands, units, draws)
+            n_units = cube.shape[1]
             levels = np.full((len(keys), n_units), level)
             if stratum is None and kind == "action" and family_size > 1:
                 for i, k in enumerate(keys):
                     if k in family_estimands:
                         levels[i, [j for j, a in enumerate(names) if a != control]] = family_level
-            low, high = percentile_interval(cube[1:].reshape(cube.shape[0] - 1, -1), levels.ravel())
+            low, high = percentile_interval(
+                cube[..., 1:].reshape(-1, cube.shape[2] - 1), levels.ravel(), axis=1
+            )
             unit_paths = (
                 paths
                 if kind == "action"
@@ -324,7 +327,7 @@ def estimands_table(
                         ),
                         "stratum": label,
                         "estimand": np.repeat(keys, n_units),
-                        "value": cube[0].ravel(),
+                        "value": cube[..., 0].ravel(),
                         "ci_low": low,
                         "ci_high": high,
                         "ci_level": levels.ravel(),

@@ -15,9 +15,9 @@ statistic of :mod:`kvdiverge.analysis.document_stats`; passing them through
 * by exact dynamic programming: D_H, 1{τ ≤ H}, τ·1{τ ≤ H}, exposure, post-divergence mismatches,
   R, F, saturation, P(τ ≤ t), E[δ_t], the branch cohort and E[1{τ ≤ d} δ_{τ+j}], and the prefix
   features (via :func:`kvdiverge.finite_state.exact_risk` and the law of the state pair);
-* by a very large Monte Carlo sample (default 400,000 paths): the EOS segments of R − F, the
-  pre-EOS branch sums and counts and the local-agreement indicators, which depend on EOS times
-  and run lengths jointly with τ.
+* by a very large Monte Carlo sample (default 400,000 paths): E[D_H²], the EOS segments of
+  R − F, the pre-EOS branch sums and counts and the local-agreement indicators, which depend on
+  EOS times and run lengths jointly with τ.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ __all__ = [
     "write_synthetic_study",
 ]
 
-MONTE_CARLO_STATISTICS = ("rf_seg", "branch_pre", "local_")
+MONTE_CARLO_STATISTICS = ("mismatch_sq", "rf_seg", "branch_pre", "local_")
 
 
 def stratum_pairs(
