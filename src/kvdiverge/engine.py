@@ -127,14 +127,40 @@ class RowCache:
         return self.lengths[layer_idx]
 
 
-def _partial_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unnormalised attention pieces: (row max, Σ exp, Σ exp·v), scores in float32."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling
+def _math_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of (…, s, d) queries over (…, n, d) keys: (output, log-sum-exp)."""
+    scores = torch.matmul(q * scale, k.transpose(-1, -2))
+    if scores.dtype != torch.float32:
+        scores = scores.float()
     m = scores.amax(dim=-1, keepdim=True)
-    e = torch.exp(scores - m)
-    return m, e.sum(dim=-1, keepdim=True), torch.matmul(e.to(v.dtype), v).float()
+    weights = scores.sub_(m).exp_()
+    total = weights.sum(dim=-1, keepdim=True)
+    out = torch.matmul(weights.to(v.dtype), v).float() / total
+    return out, (m + total.log()).squeeze(-1)
+
+
+def _attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, h, s, d) × (B, h, n, d) → normalised output (float32) and log-sum-exp (B, h, s).
+
+    On CPU this is PyTorch's fused flash-attention kernel (which returns the log-sum-exp);
+    elsewhere, or if that private op is unavailable, the plain matmul–softmax path.
+    """
+    if q.device.type == "cpu" and _FLASH_CPU[0]:
+        try:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, False, attn_mask=None, scale=scale
+            )
+            return out.float(), lse.float()
+        except (RuntimeError, AttributeError, TypeError):  # pragma: no cover - torch-dependent
+            _FLASH_CPU[0] = False
+    return _math_attention(q, k, v, scale)
+
+
+_FLASH_CPU = [hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")]
 
 
 def shared_prefix_attention(
@@ -152,7 +178,9 @@ def shared_prefix_attention(
     ``query`` (B, H, q, d); ``key``/``value`` (B, H_kv, t, d) are the rows' own entries (from
     :class:`RowCache`, the current one included). The shared prompt parts arrive as the
     ``kvd_prefix`` kwarg (:class:`SharedPrefix`). Without it this is plain SDPA attention.
-    Returns (B, q, H, d) like transformers' attention functions (DESIGN §4).
+    Each part gives a normalised output and its log-sum-exp; the exact softmax over the union
+    is their mix with weight sigmoid(lse_prompt − lse_own) (log-sum-exp merge, DESIGN §4).
+    Returns (B, q, H, d) like transformers' attention functions.
     """
     prefix: SharedPrefix | None = kwargs.pop("kvd_prefix", None)
     if prefix is None:
@@ -166,20 +194,17 @@ def shared_prefix_attention(
     groups = n_heads // n_kv
     scale = float(scaling if scaling is not None else d**-0.5)
     q = query.reshape(batch, n_kv, groups, d)
-    m_own, s_own, o_own = _partial_attention(q, key, value, scale)  # (B, H_kv, G, ·)
-    m_pre = torch.empty_like(m_own)
-    s_pre = torch.empty_like(s_own)
+    o_own, lse_own = _attention_with_lse(q, key, value, scale)  # (B, H_kv, G, d), (B, H_kv, G)
     o_pre = torch.empty_like(o_own)
+    lse_pre = torch.empty_like(lse_own)
     for start, stop, pk, pv in prefix.groups[module.layer_idx]:
         rows = stop - start
-        qg = q[start:stop].permute(1, 0, 2, 3).reshape(n_kv, rows * groups, d)
-        m, s, o = _partial_attention(qg, pk, pv, scale)  # (H_kv, rows·G, ·)
-        m_pre[start:stop] = m.reshape(n_kv, rows, groups, 1).permute(1, 0, 2, 3)
-        s_pre[start:stop] = s.reshape(n_kv, rows, groups, 1).permute(1, 0, 2, 3)
+        qg = q[start:stop].permute(1, 0, 2, 3).reshape(1, n_kv, rows * groups, d)
+        o, lse = _attention_with_lse(qg, pk[None], pv[None], scale)
         o_pre[start:stop] = o.reshape(n_kv, rows, groups, d).permute(1, 0, 2, 3)
-    m = torch.maximum(m_pre, m_own)
-    a_pre, a_own = torch.exp(m_pre - m), torch.exp(m_own - m)
-    out = (o_pre * a_pre + o_own * a_own) / (s_pre * a_pre + s_own * a_own)
+        lse_pre[start:stop] = lse.reshape(n_kv, rows, groups).permute(1, 0, 2)
+    weight = torch.sigmoid(lse_pre - lse_own)[..., None]
+    out = o_own + weight * (o_pre - o_own)
     return out.reshape(batch, n_heads, 1, d).transpose(1, 2).to(query.dtype), None
 
 
