@@ -122,3 +122,62 @@ def rollout_cohorts(wildcards):
     if wildcards.action == study["control"]:
         return {"dev": study["K_control"], cohort: study["K_control"]}
     return {"dev": study["K_dev"], cohort: study["K"]}
+
+
+# ---- Figures and tables (README "Figures and tables"): per-study settings ---------------------
+for _study, _pair in config["figures"]["main_contrast"].items():
+    if _study not in config["studies"]:
+        raise ValueError(f"config.figures.main_contrast: no study named {_study!r}")
+    for _name in _pair:
+        if _name not in config["studies"][_study]["actions"]:
+            raise ValueError(
+                f"config.figures.main_contrast.{_study}: action {_name!r} is not in the study"
+            )
+
+
+def study_compared_actions(wildcards):
+    """The study's actions without the full-retention control (plotted and tabulated)."""
+    study = config["studies"][wildcards.study]
+    return [a for a in study["actions"] if a != study["control"]]
+
+
+def study_control(wildcards):
+    """The study's full-retention control action."""
+    return config["studies"][wildcards.study]["control"]
+
+
+def study_main_contrast(wildcards):
+    """Tables 3-4's contrast 'b - a': figures.main_contrast, else the prediction pair, else None
+    (the first contrast of the estimands table)."""
+    pair = config["figures"]["main_contrast"].get(wildcards.study)
+    pair = pair or config["analysis"]["prediction"]["pairs"].get(wildcards.study)
+    return f"{pair[0]} - {pair[1]}" if pair else None
+
+
+def study_tables_inputs(wildcards):
+    """estimands.csv, plus prediction.csv when the study has a prediction pair."""
+    inputs = {"estimands": f"results/{wildcards.study}/tables/estimands.csv"}
+    if config["analysis"]["prediction"]["pairs"].get(wildcards.study):
+        inputs["prediction"] = f"results/{wildcards.study}/tables/prediction.csv"
+    return inputs
+
+
+def family_studies():
+    """Studies with a prespecified endpoint family (family_endpoints > 1): they get figure 7."""
+    return [s for s, spec in config["studies"].items() if spec.get("family_endpoints", 1) > 1]
+
+
+def figures_and_tables_outputs():
+    """Figure 1, every study's figures 5-6 and decomposition (and figure 7 for a family study),
+    and Tables 1-4 in CSV, Markdown and LaTeX."""
+    out = [f"results/theory/figures/fig1_introductory_example.{e}" for e in ("png", "pdf")]
+    for study in config["studies"]:
+        names = ["fig5_divergence_cdf", "fig6_tv_profiles", "decomposition"]
+        names += ["fig7_branch_contrasts"] if study in family_studies() else []
+        out += [f"results/{study}/figures/{n}.{e}" for n in names for e in ("png", "pdf")]
+        out += [
+            f"results/{study}/tables/table{i}.{e}"
+            for i in range(1, 5)
+            for e in ("csv", "md", "tex")
+        ]
+    return out
