@@ -60,23 +60,32 @@ def largest_fitting(n_tokens: Callable[[int], int], budget: int, lo: int, hi: in
 
 
 def ruler_unit_search(
-    n_tokens: Callable[[int], int], budget: int, min_units: int, inc: int, upper_factor: int = 3
+    n_tokens: Callable[[int], int],
+    budget: int,
+    min_units: int,
+    inc: int,
+    upper_factor: int = 3,
+    max_units: int | None = None,
 ) -> int | None:
     """Unit count for a RULER task by binary search (`reference/datasets.md` A1 steps 1-3).
 
     Tokens per unit are estimated from one prompt with ``inc`` units; the search runs over
     ``[min_units, max(upper_factor * budget / tokens_per_unit, 2 * inc)]`` (RULER starts at
     ``inc``; short budgets need fewer units than that, so the lower end is the task's minimum),
-    and the upper end is doubled while it still fits.
-    Returns None when not even ``min_units`` fits.
+    and the upper end is doubled while it still fits, up to ``max_units`` (a source with a
+    finite number of units, e.g. qa's documents). Returns None when not even ``min_units`` fits.
     """
     probe_units = max(inc, min_units)
     tokens_per_unit = max(n_tokens(probe_units), 1) / probe_units
     hi = max(int(upper_factor * budget / tokens_per_unit), 2 * probe_units)
     # at short budgets the template dominates the probe and the estimate undershoots: widen
     # the bracket until its upper end no longer fits, so the search keeps RULER's meaning
-    while n_tokens(hi) <= budget:
-        hi *= 2
+    if max_units is not None:
+        if n_tokens(max_units) <= budget:
+            return max_units
+        hi = min(hi, max_units)
+    while n_tokens(hi) <= budget and (max_units is None or hi < max_units):
+        hi = hi * 2 if max_units is None else min(hi * 2, max_units)
     return largest_fitting(n_tokens, budget, min_units, hi)
 
 

@@ -79,6 +79,7 @@ def _search_ruler_units(
     length_fn: LengthFn,
     build: Callable[[int, random.Random], R.RulerSample],
     min_units: int,
+    qa_docs: tuple[str, ...] | None = None,
 ) -> int:
     budget = stratum.target_tokens - cfg.generation_reserve
     search_seed = derive_seed(cfg.seed, stratum.name, task, "search")
@@ -100,7 +101,8 @@ def _search_ruler_units(
         units: int | None = n
     else:
         inc = R.unit_increment(task, stratum.target_tokens)
-        units = ruler_unit_search(n_tokens, budget, min_units, inc)
+        max_units = len(qa_docs) if qa_docs is not None else None
+        units = ruler_unit_search(n_tokens, budget, min_units, inc, max_units=max_units)
     if units is None:
         needed = length_fn(build(min_units, random.Random(0)).prompt)
         raise LengthFitError(_no_fit(stratum, task, needed, cfg))
@@ -182,7 +184,13 @@ def _ruler_documents(
         qi = first.source_index if task in qa else 0
         build = builder(task, qi, vt_example_units)
         units_by_task[task] = _search_ruler_units(
-            task, stratum, cfg, length_fn, build, minimum[(task, first.source_index)]
+            task,
+            stratum,
+            cfg,
+            length_fn,
+            build,
+            minimum[(task, first.source_index)],
+            qa[task].documents if task in qa else None,
         )
         log.info("%s %s: %d units", stratum.name, task, units_by_task[task])
     used: set[str] = set()
