@@ -15,21 +15,29 @@ from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
 
 MODELS = {"tiny-llama": 100, "tiny-qwen": 200}
 LAMBDAS = {"full": 0.0, "snapkv-512": 0.6, "snapkv-half": 0.2, "recent-half": 0.5}
-ACTIONS = list(LAMBDAS)
+STUDY2_LAMBDAS = {"full": 0.0, "snapkv-90": 0.15, "recent-90": 0.45}
 CONTROL = "full"
 STRATA = ["helmet-1024", "ruler-1024", "ruler-2048"]
 PAIR = ("snapkv-512", "snapkv-half")
 H = 32
 
 
-def build_study(root: Path, family_size: int = 1, draws: int = 60) -> tuple[Path, Path]:
-    """Write ``root/estimands.csv`` and ``root/prediction.csv`` for a two-model synthetic study.
+def build_study(
+    root: Path,
+    lambdas: dict[str, float] = LAMBDAS,
+    family_size: int = 1,
+    pair: tuple[str, str] | None = PAIR,
+    draws: int = 60,
+) -> tuple[Path, Path | None]:
+    """Write ``root/estimands.csv`` (and ``root/prediction.csv`` for ``pair``) for a two-model
+    synthetic study with actions ``lambdas`` (Q = (1 − λ)P + λA; the control has λ = 0).
 
     With ``family_size`` > 1, S_99 and branch_contrast_B get the family-adjusted level (study 2).
     """
+    actions = list(lambdas)
     est_frames, pred_frames = [], []
     for model, seed in MODELS.items():
-        pairs = {s: stratum_pairs(seed + i, LAMBDAS) for i, s in enumerate(STRATA)}
+        pairs = {s: stratum_pairs(seed + i, lambdas) for i, s in enumerate(STRATA)}
         files = write_synthetic_study(
             root / model,
             "study1",
@@ -41,7 +49,7 @@ def build_study(root: Path, family_size: int = 1, draws: int = 60) -> tuple[Path
             control=CONTROL,
         )
         stats, clock = document_stats(
-            {a: list(files[a].values()) for a in ACTIONS},
+            {a: list(files[a].values()) for a in actions},
             list(files["documents"].values()),
             control=CONTROL,
         )
@@ -50,7 +58,7 @@ def build_study(root: Path, family_size: int = 1, draws: int = 60) -> tuple[Path
                 stats,
                 clock,
                 model=model,
-                actions=ACTIONS,
+                actions=actions,
                 control=CONTROL,
                 cohort="study1",
                 draws=draws,
@@ -59,12 +67,16 @@ def build_study(root: Path, family_size: int = 1, draws: int = 60) -> tuple[Path
                 family_size=family_size,
             )
         )
-        pred_frames.append(
-            prediction_table(
-                stats, clock, model=model, pair=PAIR, eval_cohort="study1", draws=draws, folds=3
+        if pair is not None:
+            pred_frames.append(
+                prediction_table(
+                    stats, clock, model=model, pair=pair, eval_cohort="study1", draws=draws, folds=3
+                )
             )
-        )
-    est, pred = root / "estimands.csv", root / "prediction.csv"
+    est = root / "estimands.csv"
     pl.concat(est_frames).write_csv(est)
+    if pair is None:
+        return est, None
+    pred = root / "prediction.csv"
     pl.concat(pred_frames).write_csv(pred)
     return est, pred

@@ -125,14 +125,23 @@ def rollout_cohorts(wildcards):
 
 
 # ---- Figures and tables (README "Figures and tables"): per-study settings ---------------------
+def study_contrasts(study):
+    """The study's contrasts [b, a] as the estimands rule computes them: analysis.contrasts, else
+    every pair of non-control actions, earlier minus later."""
+    spec = config["studies"][study]
+    compared = [a for a in spec["actions"] if a != spec["control"]]
+    pairs = [[b, a] for i, b in enumerate(compared) for a in compared[i + 1 :]]
+    return [list(p) for p in config["analysis"]["contrasts"].get(study) or pairs]
+
+
 for _study, _pair in config["figures"]["main_contrast"].items():
     if _study not in config["studies"]:
         raise ValueError(f"config.figures.main_contrast: no study named {_study!r}")
-    for _name in _pair:
-        if _name not in config["studies"][_study]["actions"]:
-            raise ValueError(
-                f"config.figures.main_contrast.{_study}: action {_name!r} is not in the study"
-            )
+    if list(_pair) not in study_contrasts(_study):
+        raise ValueError(
+            f"config.figures.main_contrast.{_study}: expected one of the study's contrasts "
+            f"{study_contrasts(_study)} (config.analysis.contrasts), got {list(_pair)}"
+        )
 
 
 def study_compared_actions(wildcards):
@@ -150,7 +159,9 @@ def study_main_contrast(wildcards):
     """Tables 3-4's contrast 'b - a': figures.main_contrast, else the prediction pair, else None
     (the first contrast of the estimands table)."""
     pair = config["figures"]["main_contrast"].get(wildcards.study)
-    pair = pair or config["analysis"]["prediction"]["pairs"].get(wildcards.study)
+    predicted = config["analysis"]["prediction"]["pairs"].get(wildcards.study)
+    if not pair and predicted and list(predicted) in study_contrasts(wildcards.study):
+        pair = predicted
     return f"{pair[0]} - {pair[1]}" if pair else None
 
 
