@@ -109,6 +109,12 @@ def test_first_step_and_full_control(demo):
     assert np.all(full.tv_rollout == 0) and np.all(full.tv_fixed == 0)
     assert np.array_equal(full.x_token, full.y_token)
     assert full.n_kept == full.n_prompt == len(ids)
+    # the general path (Y and Z rows' own logits over the gathered full cache) agrees to fp
+    general = rollout_document(
+        model, ids, FULL, "doc-b", 6, 16, seed=1, eos_ids=eos, exact_identity=False
+    )
+    assert general.tv_rollout.max() < 1e-5 and general.tv_fixed.max() < 1e-5
+    assert np.array_equal(general.x_token, full.x_token)
 
 
 def test_reference_is_shared_across_actions_and_reruns_are_bit_identical(demo):

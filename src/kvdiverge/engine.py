@@ -203,7 +203,12 @@ def shared_prefix_attention(
         o, lse = _attention_with_lse(qg, pk[None], pv[None], scale)
         o_pre[start:stop] = o.reshape(n_kv, rows, groups, d).permute(1, 0, 2, 3)
         lse_pre[start:stop] = lse.reshape(n_kv, rows, groups).permute(1, 0, 2)
-    weight = torch.sigmoid(lse_pre - lse_own)[..., None]
+    # Each row's weights are padded to a multiple of 16 lanes so that the vectorised sigmoid
+    # treats every row alike (a CPU kernel's scalar tail could otherwise round the last rows
+    # differently, and the full control would no longer reproduce the reference bit for bit).
+    diff = (lse_pre - lse_own).reshape(batch, n_heads)
+    diff = torch.nn.functional.pad(diff, (0, (-n_heads) % 16))
+    weight = torch.sigmoid(diff)[:, :n_heads].reshape(batch, n_kv, groups, 1)
     out = o_own + weight * (o_pre - o_own)
     return out.reshape(batch, n_heads, 1, d).transpose(1, 2).to(query.dtype), None
 
@@ -279,6 +284,7 @@ def _rollout_chunk(
     eos_ids: Sequence[int],
     salt: int,
     keep_logits: bool,
+    identity: bool = False,
 ) -> dict[str, np.ndarray]:
     device = prefill.last_logits.device
     k = len(replicates)
@@ -320,6 +326,8 @@ def _rollout_chunk(
         for t in range(1, H + 1):
             probs = logits.double().softmax(dim=-1)
             p, q, q_fixed = probs[:k], probs[k : 2 * k], probs[2 * k :]
+            if identity:  # nothing evicted: Q is P as a kernel (the rows still run, same shapes)
+                q = q_fixed = p
             if keep_logits:
                 for name, part in zip(kept_logits, logits.float().split(k), strict=True):
                     kept_logits[name].append(part.cpu())
@@ -402,6 +410,7 @@ def rollout_document(
     max_batch_rows: int = 192,
     keep_logits: bool = False,
     prefill: Prefill | None = None,
+    exact_identity: bool = True,
 ) -> DocumentRollout:
     """Coupled rollouts of one document under one action (SPEC §1, §6; DESIGN §4).
 
@@ -410,6 +419,13 @@ def rollout_document(
     ``eos_ids``: EOS token ids, the first one canonical. ``keep_logits`` also returns the
     per-step logits of P (X rows), Q (Y rows) and Q on X's history (Z rows), for tests.
     A ``prefill`` computed with :func:`kvdiverge.eviction.run_prefill` may be reused.
+
+    When the action keeps every prompt entry (``full``, or a budget ≥ n) the intervention
+    kernel is the reference kernel: with ``exact_identity`` (default) Q and the fixed-history Q
+    are set to P itself, so δ ≡ f ≡ 0 and Y ≡ X exactly (the Y and Z rows still run, keeping the
+    batch layout, hence X, identical to other actions'). ``exact_identity=False`` uses the Y/Z
+    rows' own logits, which agree with P to floating-point accuracy (CPU vector kernels may
+    round rows at different batch positions differently).
     """
     if coupling not in COUPLING_MODES:
         raise ValueError(f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {coupling!r}")
@@ -425,6 +441,7 @@ def rollout_document(
         prefill = run_prefill(model, input_ids, window)
     _check_model(model, prefill.n, H)
     kept = select_positions(prefill, action)
+    identity = exact_identity and kept.shape[-1] == prefill.n
     prefix_full = list(zip(prefill.keys, prefill.values, strict=True))
     prefix_kept = _gather_prefix(prefill, kept)
     doc_key = document_key(doc_id)
@@ -443,6 +460,7 @@ def rollout_document(
             eos_ids,
             salt,
             keep_logits,
+            identity,
         )
 
     parts, fitted = _rollout_replicates(reps, run, max_batch_rows)
