@@ -126,8 +126,8 @@ def rollout_cohorts(wildcards):
 
 # ---- Figures and tables (README "Figures and tables"): per-study settings ---------------------
 def study_contrasts(study):
-    """The study's contrasts [b, a] as the estimands rule computes them: analysis.contrasts, else
-    every pair of non-control actions, earlier minus later."""
+    """The study's contrasts [b, a] in the estimands table (analysis.contrasts, else every pair
+    of non-control actions, earlier minus later)."""
     spec = config["studies"][study]
     compared = [a for a in spec["actions"] if a != spec["control"]]
     pairs = [[b, a] for i, b in enumerate(compared) for a in compared[i + 1 :]]

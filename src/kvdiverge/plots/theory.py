@@ -104,7 +104,11 @@ def plot_introductory_example(eps: float, H: int) -> plt.Figure:
     ax_r.axhline(seq_tv, color="black", ls=":", lw=1, label=f"sequence TV = ε = {seq_tv:.0%}")
     for i, n in enumerate(names):
         r = curves[n]["R_SMC"]
-        ax_r.text(i, r + 0.02 * top, rf"$R_{{SMC}}$ = {100 * r:.2g}%", ha="center", fontsize=8)
+        closed = {r"$\varepsilon/H$": eps / H, r"$\varepsilon$": eps}
+        form = next((f"{k} = " for k, v in closed.items() if abs(r - v) < 1e-12), "")
+        ax_r.text(
+            i, r + 0.02 * top, rf"$R_{{SMC}}$ = {form}{100 * r:.3g}%", ha="center", fontsize=8
+        )
     ax_r.set_xticks(x, [_LABELS[n] for n in names])
     ax_r.set_ylim(0, top * 1.12)
     ax_r.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
