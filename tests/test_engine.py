@@ -83,6 +83,9 @@ def test_distributions_equal_plain_forward_before_and_after_divergence(demo):
     everything = kept_positions(model, ids, FULL)
     diverged = r.x_token != r.y_token
     assert diverged[:, 1:].any(axis=1).sum() >= 2  # several paths split inside the horizon
+    # until the histories split (up to and including the first mismatch) Z equals Y: f_t = δ_t
+    before_split = np.cumsum(diverged, axis=1) - diverged == 0
+    assert np.array_equal(r.tv_fixed[before_split], r.tv_rollout[before_split])
     post_divergence_checked = 0
     for k in range(K):
         streams = {

@@ -79,9 +79,14 @@ class SharedPrefix:
 
     ``groups[l]`` is a list of ``(row_start, row_end, keys, values)`` with keys/values of shape
     (H_kv, n_g, d): rows ``row_start:row_end`` of the batch attend to that prompt part.
+    ``mirror = (group_start, source_start, active)``: in the group starting at ``group_start``
+    only the rows ``active`` (offsets in the group) are computed; the others equal the rows of
+    the group starting at ``source_start`` (listed earlier) and are copied. The engine uses it
+    for the Z stream, which equals Y until a replicate's histories split (DESIGN §4).
     """
 
     groups: list[list[tuple[int, int, torch.Tensor, torch.Tensor]]]
+    mirror: tuple[int, int, torch.Tensor] | None = None
 
 
 class RowCache:
@@ -198,11 +203,19 @@ def shared_prefix_attention(
     o_pre = torch.empty_like(o_own)
     lse_pre = torch.empty_like(lse_own)
     for start, stop, pk, pv in prefix.groups[module.layer_idx]:
-        rows = stop - start
-        qg = q[start:stop].permute(1, 0, 2, 3).reshape(1, n_kv, rows * groups, d)
+        rows = torch.arange(start, stop, device=q.device)
+        if prefix.mirror is not None and prefix.mirror[0] == start:
+            source, active = prefix.mirror[1], prefix.mirror[2]
+            o_pre[start:stop] = o_pre[source : source + stop - start]
+            lse_pre[start:stop] = lse_pre[source : source + stop - start]
+            rows = start + active
+            if rows.numel() == 0:
+                continue
+        n_rows = rows.numel()
+        qg = q[rows].permute(1, 0, 2, 3).reshape(1, n_kv, n_rows * groups, d)
         o, lse = _attention_with_lse(qg, pk[None], pv[None], scale)
-        o_pre[start:stop] = o.reshape(n_kv, rows, groups, d).permute(1, 0, 2, 3)
-        lse_pre[start:stop] = lse.reshape(n_kv, rows, groups).permute(1, 0, 2)
+        o_pre[rows] = o.reshape(n_kv, n_rows, groups, d).permute(1, 0, 2, 3)
+        lse_pre[rows] = lse.reshape(n_kv, n_rows, groups).permute(1, 0, 2)
     # Each row's weights are padded to a multiple of 16 lanes so that the vectorised sigmoid
     # treats every row alike (a CPU kernel's scalar tail could otherwise round the last rows
     # differently, and the full control would no longer reproduce the reference bit for bit).
@@ -320,6 +333,7 @@ def _rollout_chunk(
     }
     kept_logits: dict[str, list[torch.Tensor]] = {"p": [], "q": [], "q_fixed": []}
     x_done = torch.zeros(k, dtype=torch.bool, device=device)
+    split = torch.zeros(k, dtype=torch.bool, device=device)  # X_{≤t} ≠ Y_{≤t}
     y_done = torch.zeros(k, dtype=torch.bool, device=device)
     logits = prefill.last_logits.float().expand(3 * k, vocab)
     with _attention_implementation(model, ATTENTION_NAME):
@@ -346,6 +360,10 @@ def _rollout_chunk(
             out["y_eos"][:, t - 1] = y_done
             if t == H:
                 break
+            split = split | (x != y)
+            # Z's prompt attention equals Y's until the histories split: compute split rows only
+            active = split.nonzero().squeeze(-1) if not identity else split[:0].nonzero()[:, 0]
+            shared.mirror = (2 * k, k, active)
             tokens = torch.cat([x, y, x])[:, None]
             position = torch.full((3 * k, 1), n + t - 1, dtype=torch.long, device=device)
             result = model(
