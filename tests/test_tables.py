@@ -205,6 +205,8 @@ def test_latex_is_booktabs_and_balanced(study):
             assert _unescaped(line, "&") == len(table.header) - 1, line
             assert _unescaped(line, "$") % 2 == 0, line
         assert "%" not in tex.replace(r"\%", "")  # every percent sign escaped
+        assert not re.search(r"(?<![\w$])-\d", "\n".join(body))  # numbers carry a true minus
+    assert "$-$" in render_latex(table2_decomposition(est))  # snapkv-half − recent-half < 0
 
 
 def test_markdown_rows_have_one_cell_per_column(study):

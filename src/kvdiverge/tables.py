@@ -36,9 +36,13 @@ __all__ = [
     "ESTIMAND_COLUMNS",
     "StudyTable",
     "StudyTableError",
+    "Measure",
     "contrast_actions",
     "contrasts_in",
     "default_main_contrast",
+    "format_interval",
+    "format_value",
+    "latex_escape",
     "read_estimands",
     "read_prediction",
     "render_latex",
@@ -143,13 +147,14 @@ def _natural_key(text: str) -> list:
 
 
 def strata_in(table: pl.DataFrame) -> list[str]:
-    """The strata of ``table`` other than ``pooled``, in natural order (helmet-4k < helmet-16k)."""
+    """The strata of ``table`` other than ``pooled`` (SPEC §5's env × length strata), in natural
+    order (helmet-4k < helmet-16k < ruler-4k)."""
     found = {s for s in table["stratum"].unique().to_list() if s != "pooled"}
     return sorted(found, key=lambda s: _natural_key(s.lower().replace("k", "000")))
 
 
 def stratum_label(stratum: str) -> str:
-    """``helmet-4k`` → ``HELMET–4K`` (the paper's stratum labels); ``pooled`` → ``pooled``."""
+    """``helmet-4k`` → ``HELMET–4K``, the paper's labels of the SPEC §5 strata; ``pooled`` stays."""
     if stratum == "pooled":
         return "pooled"
     env, _, length = stratum.partition("-")
@@ -157,12 +162,13 @@ def stratum_label(stratum: str) -> str:
 
 
 def contrasts_in(table: pl.DataFrame) -> list[str]:
-    """The contrast labels (``b - a``) of ``table`` in order of first appearance."""
+    """The contrast labels ``b - a`` (SPEC §2 gap decomposition, DESIGN §3.4) of ``table``, in
+    order of first appearance."""
     return [c for c in table["contrast"].unique(maintain_order=True).to_list() if c]
 
 
 def contrast_actions(contrast: str) -> tuple[str, str]:
-    """``"b - a"`` → ``("b", "a")``: the minuend and subtrahend of a contrast label."""
+    """``"b - a"`` → ``("b", "a")``: the actions of the contrast Δ = b − a (SPEC §2)."""
     b, sep, a = contrast.partition(" - ")
     if not sep or not b or not a:
         raise StudyTableError(f"contrast: expected a label 'b - a', got {contrast!r}")
@@ -221,7 +227,8 @@ def _is_missing(x: float | None) -> bool:
 
 
 def format_value(x: float | None, unit: str, digits: int = 2) -> str:
-    """A value for display: fractions ×100 (percent or pp), steps as is, counts as integers."""
+    """A value for display (SPEC §5 estimands are fractions): ×100 for percent or percentage
+    points, steps as they are, counts as integers; missing or non-finite → ``NA``."""
     if _is_missing(x):
         return "NA"
     if unit in (_PERCENT, _PP):
@@ -232,7 +239,8 @@ def format_value(x: float | None, unit: str, digits: int = 2) -> str:
 
 
 def format_interval(x: float | None, lo: float | None, hi: float | None, unit: str) -> str:
-    """``value [lo, hi]`` in the display unit (no interval part when both ends are missing)."""
+    """``value [lo, hi]``, a SPEC §5 bootstrap percentile interval, in the display unit (no
+    interval part when both ends are missing)."""
     if _is_missing(lo) and _is_missing(hi):
         return format_value(x, unit)
     return f"{format_value(x, unit)} [{format_value(lo, unit)}, {format_value(hi, unit)}]"
@@ -620,7 +628,7 @@ def _title(name: str) -> str:
 
 
 def render_markdown(table: StudyTable) -> str:
-    """A GitHub-flavoured Markdown table with the caption as a leading paragraph."""
+    """A study table (SPEC §5) as GitHub-flavoured Markdown, its caption as a leading paragraph."""
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
@@ -670,6 +678,9 @@ _LATEX_TOKEN_PATTERN = re.compile(
 )
 
 
+_NEGATIVE = re.compile(r"(?<![\w$])-(?=\d)")  # the sign of a number, not a hyphen in a name
+
+
 def latex_escape(text: str) -> str:
     """Escape LaTeX specials; typeset the estimand symbols of captions and headers as math."""
     parts, last = [], 0
@@ -682,9 +693,11 @@ def latex_escape(text: str) -> str:
 
 
 def render_latex(table: StudyTable, label: str | None = None) -> str:
-    """A booktabs ``table`` environment (``\\toprule``/``\\midrule``/``\\bottomrule``).
+    """A study table (SPEC §5) as a booktabs ``table`` environment (``\\toprule``,
+    ``\\midrule``, ``\\bottomrule``; needs ``\\usepackage{booktabs}``).
 
-    Text columns are left-aligned, numbers right-aligned; a ``\\midrule`` separates groups.
+    Text columns are left-aligned, numbers right-aligned with a true minus sign; a
+    ``\\midrule`` separates groups.
     """
     n_text = table.group_columns + 1 if table.group_columns else 1
     align = "l" * n_text + "r" * (len(table.header) - n_text)
@@ -702,7 +715,8 @@ def render_latex(table: StudyTable, label: str | None = None) -> str:
     for i, row in enumerate(_grouped(table)):
         if i and table.group_columns and row[0]:
             lines.append(r"\midrule")
-        lines.append(" & ".join(latex_escape(c) for c in row) + r" \\")
+        cells = [_NEGATIVE.sub("$-$", latex_escape(c)) for c in row]
+        lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
@@ -713,7 +727,7 @@ def write_table(
     markdown: str | os.PathLike,
     latex: str | os.PathLike,
 ) -> None:
-    """Write the table's CSV (fractions), Markdown and LaTeX renderings, each atomically."""
+    """Write a study table (SPEC §5): CSV (fractions), Markdown and LaTeX, each atomically."""
     with atomic_path(csv, suffix=".csv") as tmp:
         table.data.write_csv(tmp)
     atomic_write_text(markdown, render_markdown(table))

@@ -63,8 +63,9 @@ def _colors(n: int) -> list[tuple]:
 
 
 def action_palette(actions: Sequence[str], control: str | None = None) -> dict[str, tuple]:
-    """One colour per action, by position in ``actions`` (pass every configured action so that
-    an action has the same colour in every study and figure); the control is grey."""
+    """One colour per eviction action (SPEC §5), by position in ``actions`` (pass every
+    configured action so that an action has the same colour in every study and figure); the
+    full-retention control is grey."""
     compared = [a for a in actions if a != control]
     palette = dict(zip(compared, _colors(len(compared)), strict=True))
     if control is not None:
@@ -93,7 +94,8 @@ def _complete_palette(palette: Mapping[str, tuple] | None, actions: Sequence[str
 
 
 def profile(table: pl.DataFrame, prefix: str) -> pl.DataFrame:
-    """Rows of the profile estimands ``prefix@x`` with ``x`` (int) as a column, sorted by x."""
+    """Rows of a SPEC §5 profile (``div_cdf@t``, ``tv@t``, ``branch_tv@j``: estimands named
+    ``prefix@x``) with ``x`` (int) as a column, sorted by x."""
     marker = f"{prefix}@"
     rows = table.filter(pl.col("estimand").str.starts_with(marker))
     return (
