@@ -135,14 +135,16 @@ class RowCache:
 def _math_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention of (…, s, d) queries over (…, n, d) keys: (output, log-sum-exp)."""
-    scores = torch.matmul(q * scale, k.transpose(-1, -2))
-    if scores.dtype != torch.float32:
-        scores = scores.float()
+    """Softmax attention of (…, s, d) queries over (…, n, d) keys: (output, log-sum-exp).
+
+    Scores, softmax and the weighted sum run in float32 whatever the model dtype (bf16 scores
+    would lose the precision SDPA keeps internally).
+    """
+    scores = torch.matmul(q.float() * scale, k.float().transpose(-1, -2))
     m = scores.amax(dim=-1, keepdim=True)
     weights = scores.sub_(m).exp_()
     total = weights.sum(dim=-1, keepdim=True)
-    out = torch.matmul(weights.to(v.dtype), v).float() / total
+    out = torch.matmul(weights, v.float()) / total
     return out, (m + total.log()).squeeze(-1)
 
 
