@@ -4,13 +4,17 @@ documents table contract (DESIGN §3.1)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import polars as pl
 import pytest
 import yaml
-from datasets_helpers import REPO, bpe_tokenizer, config, length_fn, section
+from datasets_helpers import REPO, bpe_tokenizer, config, length_fn, section, word_tokenizer
 
 from kvdiverge.config import validate_config
 from kvdiverge.datasets import (
@@ -191,3 +195,28 @@ def test_documents_round_trip_and_format_errors(tmp_path):
     pl.concat([frame, frame]).write_parquet(tmp_path / "dup.parquet")
     with pytest.raises(DocumentsFormatError, match="not unique"):
         read_documents(Path(tmp_path / "dup.parquet"))
+
+
+def test_documents_do_not_depend_on_the_process(tmp_path):
+    """Same table from a fresh interpreter with another hash seed (no set-order leaks)."""
+    script = (
+        "import sys, hashlib; sys.path.insert(0, 'tests');"
+        "from datasets_helpers import config, length_fn, word_tokenizer;"
+        "from kvdiverge.datasets import materialize_stratum;"
+        "fn = length_fn(word_tokenizer());"
+        "print(hashlib.sha256(''.join(''.join(materialize_stratum(config(), s, fn)['prompt'])"
+        " for s in ('ruler-1k', 'helmet-1k')).encode()).hexdigest())"
+    )
+    digests = set()
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
+        out = subprocess.run(
+            [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        digests.add(out.stdout.strip())
+    fn = length_fn(word_tokenizer())
+    here = "".join(
+        "".join(materialize_stratum(config(), s, fn)["prompt"]) for s in ("ruler-1k", "helmet-1k")
+    )
+    assert digests == {hashlib.sha256(here.encode()).hexdigest()}

@@ -216,10 +216,12 @@ def _ruler_documents(
         else:
             raise DatasetError(f"{slot.doc_id}: no needle set disjoint from the other documents")
         used |= sample.items
-        source = {
-            "qa_1": qa.get("qa_1").source if "qa_1" in qa else "",
-            "qa_2": qa.get("qa_2").source if "qa_2" in qa else "",
-        }.get(slot.task) or (essays.source if R.task_needs_essays(slot.task) else "generated")
+        if slot.task in qa:
+            source = qa[slot.task].source
+        elif R.task_needs_essays(slot.task):
+            source = essays.source
+        else:
+            source = "generated"
         rows.append(
             _row(slot, sample.prompt, sample.answers, f"ruler:{slot.task} {source}", seed, n)
         )
