@@ -129,6 +129,7 @@ class RowCache:
         return self.keys[layer_idx][:, :, :stop], self.values[layer_idx][:, :, :stop]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Generated entries held for ``layer_idx`` (the prompt part is not in this cache)."""
         return self.lengths[layer_idx]
 
 
@@ -336,6 +337,7 @@ def _rollout_chunk(
     kept_logits: dict[str, list[torch.Tensor]] = {"p": [], "q": [], "q_fixed": []}
     x_done = torch.zeros(k, dtype=torch.bool, device=device)
     split = torch.zeros(k, dtype=torch.bool, device=device)  # X_{≤t} ≠ Y_{≤t}
+    no_rows = torch.zeros(0, dtype=torch.long, device=device)
     y_done = torch.zeros(k, dtype=torch.bool, device=device)
     logits = prefill.last_logits.float().expand(3 * k, vocab)
     with _attention_implementation(model, ATTENTION_NAME):
@@ -364,7 +366,7 @@ def _rollout_chunk(
                 break
             split = split | (x != y)
             # Z's prompt attention equals Y's until the histories split: compute split rows only
-            active = split.nonzero().squeeze(-1) if not identity else split[:0].nonzero()[:, 0]
+            active = split.nonzero()[:, 0] if not identity else no_rows
             shared.mirror = (2 * k, k, active)
             tokens = torch.cat([x, y, x])[:, None]
             position = torch.full((3 * k, 1), n + t - 1, dtype=torch.long, device=device)

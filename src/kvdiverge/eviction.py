@@ -241,15 +241,19 @@ class Selector:
     name: ClassVar[str]
 
     def query_window(self, action: ActionSpec) -> int:
+        """Window queries the prefill must record for this action (0: none)."""
         return 0
 
     def validate(self, action: ActionSpec, where: str) -> None:
+        """Check the spec's fields once (config time); one-line :class:`ActionError`."""
         _check_budget_field(action, where)
 
     def check(self, action: ActionSpec, n: int, n_keep: int) -> None:
+        """Check the action against an n-token prompt that keeps n_keep < n entries."""
         return None
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
+        """Kept positions (L, H_kv, n_keep), ascending per head (DESIGN §3.6)."""
         raise NotImplementedError
 
 
