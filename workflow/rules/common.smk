@@ -57,6 +57,15 @@ from kvdiverge.eviction import parse_action
 ROLLOUT_ACTIONS = {name: parse_action(spec, name=name) for name, spec in config["actions"].items()}
 
 
+def rollout_gpus():
+    """`gpu` resource of a rollout job: 1 when it will run on CUDA, else 0 (CPU jobs then run
+    side by side under the local profile's GPU limit; the SLURM profile sets its own)."""
+    import torch
+
+    device = config["rollout"]["device"]
+    return int(device == "cuda" or (device == "auto" and torch.cuda.is_available()))
+
+
 def demo_models():
     """Names of the models built locally by rule build_demo_model."""
     return [name for name, spec in config["models"].items() if spec.get("demo")]

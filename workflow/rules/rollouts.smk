@@ -19,7 +19,7 @@ rule rollout:
         "../../envs/rollout.yaml"
     threads: 1
     resources:
-        gpu=1,
+        gpu=rollout_gpus(),
         mem_mb=16000,
         runtime=240,
     params:
