@@ -30,7 +30,6 @@ from kvdiverge.datasets.strata import (
     DocumentSlot,
     Stratum,
     plan_documents,
-    stratum_names,
 )
 
 __all__ = [
@@ -49,7 +48,6 @@ __all__ = [
     "materialize_stratum",
     "plan_documents",
     "read_documents",
-    "stratum_names",
     "stratum_source_paths",
     "write_documents",
 ]

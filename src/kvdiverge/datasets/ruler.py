@@ -50,7 +50,9 @@ __all__ = [
     "load_squad",
     "min_units",
     "synthetic_essays",
+    "task_needs_essays",
     "unit_increment",
+    "vt_example_text",
     "wonderwords_lists",
 ]
 

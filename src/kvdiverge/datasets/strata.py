@@ -31,7 +31,6 @@ __all__ = [
     "DocumentSlot",
     "Stratum",
     "plan_documents",
-    "stratum_names",
 ]
 
 COHORTS: tuple[str, ...] = ("dev", "study1", "study2")
@@ -204,8 +203,3 @@ def plan_documents(cfg: DatasetsConfig) -> list[DocumentSlot]:
                     )
                 )
     return slots
-
-
-def stratum_names(section: Mapping[str, Any]) -> list[str]:
-    """Names of the configured strata (for Snakemake wildcard constraints and targets)."""
-    return [s.name for s in DatasetsConfig.from_config(section).strata]
