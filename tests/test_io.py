@@ -24,3 +24,15 @@ def test_failed_write_keeps_previous(tmp_path):
             raise RuntimeError("boom")
     assert target.read_text() == "precious"
     assert [p.name for p in tmp_path.iterdir()] == ["out.csv"]
+
+
+def test_atomic_write_has_usual_permissions(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        target = tmp_path / "perm.txt"
+        atomic_write_text(target, "x")
+        assert (target.stat().st_mode & 0o777) == 0o644
+    finally:
+        os.umask(umask)

@@ -25,6 +25,9 @@ def atomic_path(target: str | os.PathLike, suffix: str | None = None) -> Iterato
     )
     os.close(fd)
     tmp_path = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp creates 0600; give the usual file mode
     try:
         yield tmp_path
         os.replace(tmp_path, target)
