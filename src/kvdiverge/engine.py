@@ -88,6 +88,16 @@ class SharedPrefix:
     groups: list[list[tuple[int, int, torch.Tensor, torch.Tensor]]]
     mirror: tuple[int, int, torch.Tensor] | None = None
 
+    def __post_init__(self) -> None:
+        self._rows: dict[tuple[int, int], torch.Tensor] = {}
+
+    def rows(self, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """Row indices ``start..stop-1`` (cached: built once per rollout, not per layer)."""
+        key = (start, stop)
+        if key not in self._rows:
+            self._rows[key] = torch.arange(start, stop, device=device)
+        return self._rows[key]
+
 
 class RowCache:
     """Decode cache holding only each row's own generated entries (DESIGN §4).
@@ -206,7 +216,7 @@ def shared_prefix_attention(
     o_pre = torch.empty_like(o_own)
     lse_pre = torch.empty_like(lse_own)
     for start, stop, pk, pv in prefix.groups[module.layer_idx]:
-        rows = torch.arange(start, stop, device=q.device)
+        rows = prefix.rows(start, stop, q.device)
         if prefix.mirror is not None and prefix.mirror[0] == start:
             source, active = prefix.mirror[1], prefix.mirror[2]
             o_pre[start:stop] = o_pre[source : source + stop - start]
@@ -271,11 +281,16 @@ class DocumentRollout:
 
 
 def _uniforms(
-    seed: int, doc_key: int, replicates: np.ndarray, t: int, salt: int, device: torch.device
+    seed: int, doc_key: int, replicates: np.ndarray, H: int, salt: int, device: torch.device
 ) -> torch.Tensor:
+    """The coupling's uniforms for every replicate and step: (H, K, 3) on ``device``.
+
+    Streams REFERENCE, ACCEPT, RESIDUAL (SPEC §6), keyed by (seed, document, replicate, t).
+    """
+    steps = np.arange(1, H + 1)[:, None]
     u = np.stack(
         [
-            crn_uniforms(seed, doc_key, replicates, t, stream, salt)
+            crn_uniforms(seed, doc_key, replicates[None, :], steps, stream, salt)
             for stream in (Stream.REFERENCE, Stream.ACCEPT, Stream.RESIDUAL)
         ],
         axis=-1,
@@ -335,6 +350,7 @@ def _rollout_chunk(
         )
     }
     kept_logits: dict[str, list[torch.Tensor]] = {"p": [], "q": [], "q_fixed": []}
+    uniforms = _uniforms(seed, doc_key, replicates, H, salt, device)
     x_done = torch.zeros(k, dtype=torch.bool, device=device)
     split = torch.zeros(k, dtype=torch.bool, device=device)  # X_{≤t} ≠ Y_{≤t}
     no_rows = torch.zeros(0, dtype=torch.long, device=device)
@@ -352,8 +368,7 @@ def _rollout_chunk(
             p = torch.where(x_done[:, None], point_mass, p)
             q = torch.where(y_done[:, None], point_mass, q)
             q_fixed = torch.where(x_done[:, None], point_mass, q_fixed)
-            u = _uniforms(seed, doc_key, replicates, t, salt, device)
-            x, y = maximal_coupling_step(p, q, u)
+            x, y = maximal_coupling_step(p, q, uniforms[t - 1])
             x_done = x_done | torch.isin(x, eos)
             y_done = y_done | torch.isin(y, eos)
             out["x_token"][:, t - 1] = x
