@@ -9,10 +9,12 @@ prefill and the same SnapKV-half eviction:
 * baseline: per replicate, its own copy of the full cache (X) and of the evicted cache (Y, Z)
   in transformers ``DynamicCache``s, a step-by-step batch-1 forward per stream.
 
-Reports coupled token pairs per second (K·H / decoding wall time after a shared prefill,
-second run) and the peak memory added by the rollout (first run; CUDA: ``max_memory_allocated``;
-CPU: growth of the process's peak RSS, in a fresh subprocess per cell), side by side with
-ratios, and checks that both produce the same tokens. Usage::
+Reports coupled token pairs per second (K·H / decoding wall time after a shared prefill, best
+of ``--repeats`` runs, each cell in a fresh subprocess), side by side with the speed-up; the
+KV memory each approach holds (exact accounting: the engine's one prompt cache, one evicted copy
+and 3K·H generated entries, against K per-replicate copies); on CUDA also the peak memory the
+rollout adds (``max_memory_allocated``); and checks that both produce the same tokens.
+Usage::
 
     OMP_NUM_THREADS=2 python benchmarks/rollout.py --lengths 1024 4096 --K 8 32 --H 32
 """
