@@ -237,7 +237,7 @@ def plot_divergence_cdf(
             _percent_axis(ax)
             ax.xaxis.set_major_locator(MaxNLocator(4, integer=True))
             ax.set_title(f"{model} · {stratum_label(stratum)}", fontsize=8)
-            ax.set_xlabel("generation step t" if i == len(models) - 1 else "")
+            ax.set_xlabel("generation step $t$" if i == len(models) - 1 else "")
             ax.set_ylabel(r"$P(\tau \leq t)$" if k == 0 else "")
     level = _level_label(rows["ci_level"].to_list())
     fig.tight_layout(rect=(0, 0.09, 1, 1))
