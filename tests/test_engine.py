@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
@@ -339,3 +341,23 @@ def test_attention_paths_agree(demo, monkeypatch):
         a = torch.from_numpy(fused.logits[name]).double().softmax(-1)
         b = torch.from_numpy(plain.logits[name]).double().softmax(-1)
         assert (a - b).abs().max() <= 1e-5
+
+
+def test_documents_selection_and_errors(tmp_path):
+    from kvdiverge.engine import select_documents
+
+    fixture = Path(__file__).parent / "data" / "documents" / "ruler-1024.parquet"
+    docs = select_documents(fixture, {"dev": 2, "study1": 5})
+    table = pl.read_parquet(fixture)
+    assert [d[0] for d in docs] == sorted(
+        table.filter(pl.col("cohort") == "dev")["doc_id"]
+    ) + sorted(table.filter(pl.col("cohort") == "study1")["doc_id"])
+    assert {d[2] for d in docs[:2]} == {2} and {d[2] for d in docs[2:]} == {5}
+    table.drop("prompt").write_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="lacks column.s. prompt"):
+        select_documents(tmp_path / "bad.parquet", {"dev": 1})
+    with pytest.raises(ValueError, match="not a readable documents Parquet"):
+        select_documents(tmp_path / "missing.parquet", {"dev": 1})
+    pl.concat([table, table.head(1)]).write_parquet(tmp_path / "dup.parquet")
+    with pytest.raises(ValueError, match="not unique"):
+        select_documents(tmp_path / "dup.parquet", {"dev": 1})

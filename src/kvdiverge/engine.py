@@ -592,14 +592,18 @@ def select_documents(
     ``cohorts`` maps a cohort name to its replicate count (e.g. ``{dev: K_dev, study1: K}``).
     Sorted by cohort order, then doc_id. A missing column is one clear error naming the file.
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
-        frame = pl.read_parquet(path, columns=list(DOCUMENT_COLUMNS))
-    except (pl.exceptions.ColumnNotFoundError, pl.exceptions.SchemaError) as exc:
-        raise ValueError(
-            f"{path}: documents table needs columns {', '.join(DOCUMENT_COLUMNS)} ({exc})"
-        ) from exc
-    except (OSError, pl.exceptions.ComputeError) as exc:
-        raise ValueError(f"{path}: not a readable documents Parquet file ({exc})") from exc
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowInvalid) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{path}: not a readable documents Parquet file ({reason})") from exc
+    missing = [c for c in DOCUMENT_COLUMNS if c not in names]
+    if missing:
+        raise ValueError(f"{path}: documents table lacks column(s) {', '.join(missing)}")
+    frame = pl.read_parquet(path, columns=list(DOCUMENT_COLUMNS))
     if frame["doc_id"].n_unique() != frame.height:
         raise ValueError(f"{path}: doc_id values are not unique")
     out = []
