@@ -332,6 +332,7 @@ def test_attention_paths_agree(demo, monkeypatch):
         model, ids, SNAPKV_HALF, "doc-h", 3, 12, seed=1, eos_ids=eos, keep_logits=True
     )
     monkeypatch.setattr(engine, "_FLASH_CPU", [False])
+    monkeypatch.setattr(engine, "_MAX_SCORES", 4096)  # also exercise the query chunking
     plain = rollout_document(
         model, ids, SNAPKV_HALF, "doc-h", 3, 12, seed=1, eos_ids=eos, keep_logits=True
     )

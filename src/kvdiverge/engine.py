@@ -143,6 +143,9 @@ class RowCache:
         return self.lengths[layer_idx]
 
 
+_MAX_SCORES = 1 << 26  # float32 scores held at once by the plain path (256 MiB)
+
+
 def _math_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,6 +154,11 @@ def _math_attention(
     Scores, softmax and the weighted sum run in float32 whatever the model dtype (bf16 scores
     would lose the precision SDPA keeps internally).
     """
+    s, n = q.shape[-2], k.shape[-2]
+    chunk = max(1, _MAX_SCORES // max(1, n * q[..., :1, :1].numel()))
+    if s > chunk:  # bound the transient score matrix: split the queries
+        parts = [_math_attention(q[..., i : i + chunk, :], k, v, scale) for i in range(0, s, chunk)]
+        return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
     scores = torch.matmul(q.float() * scale, k.float().transpose(-1, -2))
     m = scores.amax(dim=-1, keepdim=True)
     weights = scores.sub_(m).exp_()
