@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
     "DEMO_KINDS",
@@ -131,7 +134,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
-def load_tokenizer(path_or_id: str, trust_remote_code: bool = False, revision: str | None = None):
+def load_tokenizer(
+    path_or_id: str, trust_remote_code: bool = False, revision: str | None = None
+) -> PreTrainedTokenizerBase:
     """The tokenizer of a local model directory or hub id (SPEC §5); honours ``HF_HUB_OFFLINE``."""
     from transformers import AutoTokenizer
 
@@ -163,7 +168,7 @@ def load_model(
     dtype: str = "auto",
     revision: str | None = None,
     trust_remote_code: bool = False,
-):
+) -> PreTrainedModel:
     """Load a causal LM for rollouts (SPEC §5, DESIGN §4): eval mode, safetensors weights only.
 
     ``device``: auto|cpu|cuda (auto → CUDA when present); ``dtype``: auto|float32|bfloat16
