@@ -20,6 +20,7 @@ A new selector is one small class registered with :func:`register_selector`.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,25 +85,32 @@ class ActionSpec:
         return budget_tokens(n, self.budget, where=f"action {self.name!r}")
 
 
+def _budget_value(budget: Any, where: str) -> int | Fraction:
+    """An absolute budget (int ≥ 1) or an exact fraction in (0, 1]; one-line errors."""
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise ActionError(f"{where}: budget must be a number, got {budget!r}")
+    if isinstance(budget, numbers.Integral):
+        if budget < 1:
+            raise ActionError(f"{where}: an integer budget must be >= 1, got {budget}")
+        return int(budget)
+    if not math.isfinite(budget) or not (0.0 < budget <= 1.0):
+        raise ActionError(
+            f"{where}: a float budget is a fraction of n in (0, 1], got {budget!r} "
+            "(write an integer for an absolute budget)"
+        )
+    return Fraction(repr(float(budget)))
+
+
 def budget_tokens(n: int, budget: float | int, where: str = "budget") -> int:
     """Entries kept for prompt length n (SPEC §5, DESIGN §3.6), exact integer arithmetic.
 
     Float in (0, 1]: ``floor(budget · n)`` with the budget read as the exact decimal it prints
     as (0.9 → 9/10). Integer ≥ 1: ``min(budget, n)``.
     """
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise ActionError(f"{where}: budget must be a number, got {budget!r}")
-    if isinstance(budget, int):
-        if budget < 1:
-            raise ActionError(f"{where}: an integer budget must be >= 1, got {budget}")
-        return min(budget, n)
-    if not (0.0 < budget <= 1.0) or not math.isfinite(budget):
-        raise ActionError(
-            f"{where}: a float budget is a fraction of n in (0, 1], got {budget!r} "
-            "(write an integer for an absolute budget)"
-        )
-    frac = Fraction(repr(budget))
-    kept = (frac.numerator * n) // frac.denominator
+    value = _budget_value(budget, where)
+    if isinstance(value, int):
+        return min(value, n)
+    kept = (value.numerator * n) // value.denominator
     if kept < 1:
         raise ActionError(f"{where}: budget {budget!r} keeps no entry of a {n}-token prompt")
     return kept
@@ -260,7 +268,7 @@ class Selector:
 def _check_budget_field(action: ActionSpec, where: str) -> None:
     if action.budget is None:
         raise ActionError(f"{where}.budget: required for selector {action.selector!r}")
-    budget_tokens(10**6, action.budget, where=f"{where}.budget")
+    _budget_value(action.budget, f"{where}.budget")
 
 
 SELECTORS: dict[str, Selector] = {}
