@@ -64,6 +64,7 @@ def _brute_force(sb2, sw2, c_doc, c_rep, hw, z, n_strata, max_k=300):
     best = math.inf
     for k in range(1, max_k + 1):
         n = n_strata * math.ceil(math.ceil((z / hw) ** 2 * (sb2 + sw2 / k)) / n_strata)
+        n = max(n, 2 * n_strata)  # optimal_design's default floor of 2 documents per stratum
         best = min(best, n * (c_doc + k * c_rep))
     return best
 

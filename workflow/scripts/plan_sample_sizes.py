@@ -29,6 +29,8 @@ plan = study_plan(
     control=study["control"],
     half_width=p.planning["half_width"],
     level=p.planning["level"],
+    max_K=p.planning["max_K"],
+    min_docs_per_stratum=p.planning["min_docs_per_stratum"],
     configured_K=study["K"],
     configured_docs=max(eval_docs.values()),
 )

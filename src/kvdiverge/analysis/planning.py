@@ -106,8 +106,14 @@ def optimal_design(
     level: float = 0.95,
     n_strata: int = 1,
     max_K: int = 1024,
+    min_docs_per_stratum: int = 2,
 ) -> dict[str, float]:
-    """Least-cost (documents, K) reaching ``half_width`` at ``level`` (module docstring)."""
+    """Least-cost (documents, K) reaching ``half_width`` at ``level`` (module docstring).
+
+    At least ``min_docs_per_stratum`` documents per stratum (2: a stratified bootstrap needs
+    variation within every stratum) and at most ``max_K`` replicates, so that a development
+    estimate σ_b² = 0 from a handful of documents cannot put everything into one document.
+    """
     if half_width <= 0:
         raise AnalysisInputError(f"planning: half_width must be positive, got {half_width}")
     z = float(norm.ppf(0.5 + level / 2))
@@ -118,7 +124,7 @@ def optimal_design(
     ks = np.arange(1, max_K + 1)
     per_doc = sigma_between2 + sigma_within2 / ks
     n = np.maximum(1, np.ceil((z / half_width) ** 2 * per_doc - 1e-9)).astype(np.int64)
-    n = n_strata * -(-n // n_strata)
+    n = np.maximum(n_strata * -(-n // n_strata), n_strata * min_docs_per_stratum)
     cost = n * (c_doc + ks * c_rep)
     i = int(np.argmin(cost))  # first minimum: the smallest K among equal costs
     return {
@@ -140,6 +146,8 @@ def study_plan(
     dev_cohort: str = "dev",
     half_width: float = 0.01,
     level: float = 0.95,
+    max_K: int = 1024,
+    min_docs_per_stratum: int = 2,
     configured_K: int | None = None,
     configured_docs: int | None = None,
 ) -> dict:
@@ -190,6 +198,8 @@ def study_plan(
                 half_width,
                 level,
                 n_strata=len(strata),
+                max_K=max_K,
+                min_docs_per_stratum=min_docs_per_stratum,
             )
             entry = {"model": model, "action": action, **var, **cost, **design}
             if configured_K and configured_docs:
