@@ -12,12 +12,18 @@ def fingerprint(*modules):
 
 
 def final_outputs():
-    """Every file `rule all` builds."""
-    return [
+    """Every file `rule all` builds: the finite-state study, figure 1, and for every study its
+    estimands, prediction, sample-size plan, figures and tables (through every upstream job)."""
+    out = [
         "results/finite_state/systems.csv",
         "results/finite_state/figures/estimators.png",
         "results/finite_state/figures/identified_interval.png",
     ]
+    for study in config["studies"]:
+        out += [f"results/{study}/tables/estimands.csv", f"results/{study}/plan.json"]
+        if config["analysis"]["prediction"]["pairs"].get(study):
+            out.append(f"results/{study}/tables/prediction.csv")
+    return out + figures_and_tables_outputs()
 
 
 # ---- Datasets (README "Datasets"): the documents plan is checked at parse time ----------------
