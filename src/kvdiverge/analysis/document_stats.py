@@ -51,6 +51,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvdiverge.analysis.control import check_full_retention_control
 from kvdiverge.io import atomic_path
 from kvdiverge.risk import first_divergence
 from kvdiverge.trajectories import (
@@ -359,8 +360,11 @@ def document_stats(
 
     Errors (one line naming the file): a missing column or wrong type, mismatched H across
     files, incomplete paths, a document absent from the documents table, an action missing for
-    some documents.
+    some documents. The control's files are checked first: δ ≠ 0 or X ≠ Y anywhere raises
+    :class:`~kvdiverge.analysis.control.ControlCheckError` naming the document (SPEC §5).
     """
+    if control is not None and control in trajectory_files:
+        check_full_retention_control(trajectory_files[control])
     docs = _documents_frame(documents)
     settings = dict(clock_settings or {})
     clock: Clock | None = None
