@@ -157,7 +157,8 @@ def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch
     subset = rollout_document(model, ids, SNAPKV_HALF, "doc-e", [4, 5], 12, seed=2, eos_ids=eos)
     assert np.array_equal(small.x_token, whole.x_token)
     assert np.array_equal(small.y_token, whole.y_token)
-    np.testing.assert_allclose(small.tv_rollout, whole.tv_rollout, atol=1e-6)
+    # other batch sizes may take other matrix kernels (rounding), not other laws
+    np.testing.assert_allclose(small.tv_rollout, whole.tv_rollout, atol=1e-5)
     assert np.array_equal(subset.y_token, whole.y_token[4:])
 
     real_chunk = engine._rollout_chunk
@@ -292,8 +293,8 @@ def test_trajectory_parquet_round_trip_and_malformed_file(demo, tmp_path):
 
 
 def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
-    """Every row group attends to one (H_kv, n, d) prompt tensor; the X group uses the prefill's
-    own storage; each row's cache holds only its ≤ H generated entries."""
+    """Every row group attends to one (H_kv, n, d) prompt tensor; each row's cache holds only
+    its ≤ H generated entries."""
     model, _, ids, eos = demo
     seen = []
     real = engine.shared_prefix_attention
@@ -311,12 +312,15 @@ def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
     finally:
         transformers.AttentionInterface.register(engine.ATTENTION_NAME, real)
     n, n_kv = len(ids), model.config.num_key_value_heads
-    assert len(seen) == 5
-    for step, (own_shape, groups) in enumerate(seen, start=1):
-        assert own_shape[0] == 21 and own_shape[2] == step  # 3 streams × 7 rows, own entries
-        assert [(a, b) for a, b, _ in groups] == [(0, 7), (7, 14), (14, 21)]
-        assert groups[0][2] == (n_kv, n, pre.head_dim)
-        assert groups[1][2] == (n_kv, n // 2, pre.head_dim)
+    assert len(seen) == 2 * 5  # per step: the X rows' call, then the action's [Y | Z] call
+    for step in range(1, 6):
+        (x_own, x_groups), (yz_own, yz_groups) = seen[2 * step - 2 : 2 * step]
+        assert x_own[0] == 7 and yz_own[0] == 14  # rows; each holds only its own entries
+        assert x_own[2] == yz_own[2] == step
+        assert [(a, b) for a, b, _ in x_groups] == [(0, 7)]
+        assert [(a, b) for a, b, _ in yz_groups] == [(0, 7), (7, 14)]
+        assert x_groups[0][2] == (n_kv, n, pre.head_dim)
+        assert yz_groups[0][2] == yz_groups[1][2] == (n_kv, n // 2, pre.head_dim)
 
 
 def test_attention_paths_agree(demo, monkeypatch):

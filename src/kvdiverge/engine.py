@@ -4,28 +4,32 @@ Implements SPEC §1, §5 (rollouts), §6 (common random numbers) with the archit
 DESIGN §4:
 
 * one prefill per document gives the full prompt cache and the first-token logits (shared by
-  the reference P and the intervention Q, so δ_1 = 0);
-* the action's selector gathers its kept entries from that cache once per document;
-* all replicates and all three streams of a document decode as one batch: rows
-  ``[X₀…X_{K−1} | Y₀…Y_{K−1} | Z₀…Z_{K−1}]`` — the reference X on the full prompt cache, the
-  intervention Y and the fixed-history stream Z (Q fed X's tokens, for f_t) on the evicted one;
+  the reference P and every intervention Q, so δ_1 = 0), whatever the number of actions;
+* each action's selector gathers its kept entries from that cache once per document;
+* all replicates of a document decode as batches: the reference X rows on the full prompt
+  cache in one model call per step, and for each evicting action one call for its rows
+  ``[Y₀…Y_{K−1} | Z₀…Z_{K−1}]`` — the intervention Y and the fixed-history stream Z (Q fed X's
+  tokens, for f_t) on its evicted cache. The X rows are shared by every action with the same
+  replicates (:func:`reference_groups`): one job runs all of a study's actions;
 * the prompt cache is shared by every row, never copied per replicate: a custom attention
   function (registered with transformers' ``AttentionInterface``) scores each stream's queries
   against its shared prompt part in one batched product (grouped-query heads folded), scores
   each row's own generated entries (a cache that holds only those) separately, and merges the
-  two exactly with a common max (log-sum-exp). Memory is O(prompt + K·H);
+  two exactly with a common max (log-sum-exp). Memory is O(prompt + K·H) per action;
 * the stepwise maximal coupling (``kvdiverge.coupling.maximal_coupling_step``, accept sampler)
   runs every step with common random numbers: X by inverse CDF from the REFERENCE stream, keyed
   by (seed, document, replicate, t) only, so X is identical across actions; ACCEPT and RESIDUAL
-  streams for Y. ``coupling="independent"`` salts all streams with the action name;
+  streams for Y. ``coupling="independent"`` salts all streams with the action name (each action
+  then has its own X rows);
 * temperature 1, full softmax (float64), EOS absorbing (after EOS a sequence's kernel is the
   point mass on the canonical EOS id, the first of ``eos_ids``); H steps always;
 * on CUDA out-of-memory the replicate batch is split in halves and the rollout goes on.
 
-Each stream's prompt part is scored in its own product of identical shape, so the X rows'
-arithmetic does not depend on the action (identical X across actions, bit for bit) and the
-``full`` action reproduces the reference exactly (δ ≡ 0, f ≡ 0, X ≡ Y). Z rows are always
-computed (before divergence they equal Y): a fixed batch layout keeps those guarantees.
+The batch of every model call (the X rows; one action's Y and Z rows) is the same whether an
+action runs alone or with others, so a multi-action job's values are bit-identical to
+single-action runs, and an action that keeps everything (``full``) reproduces the reference
+exactly (Q is P: δ ≡ 0, f ≡ 0, X ≡ Y, no rows of its own). Z rows are always computed (before
+divergence they equal Y, and their prompt attention is copied from Y's rows).
 """
 
 from __future__ import annotations
@@ -59,10 +63,15 @@ __all__ = [
     "DocumentRollout",
     "RowCache",
     "SharedPrefix",
+    "reference_groups",
     "rollout_document",
+    "rollout_document_actions",
     "rollout_documents",
+    "rollout_documents_actions",
     "run_rollout_job",
+    "run_stratum_rollout_job",
     "select_documents",
+    "select_job_documents",
     "shared_prefix_attention",
     "trajectory_frame",
 ]
@@ -310,12 +319,39 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+@dataclass
+class _Intervention:
+    """One action's evicted prompt part in a decoding chunk (``None``: Q is P, no rows run)."""
+
+    prefix: list[tuple[torch.Tensor, torch.Tensor]] | None
+
+
+def _decode_step(
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    position: int,
+    cache: RowCache,
+    shared: SharedPrefix,
+) -> torch.Tensor:
+    """One batched decoding step of ``tokens`` (B,) at prompt offset ``position``: logits (B, V)."""
+    rows = tokens.shape[0]
+    result = model(
+        input_ids=tokens[:, None],
+        position_ids=torch.full((rows, 1), position, dtype=torch.long, device=tokens.device),
+        cache_position=torch.tensor([cache.get_seq_length()], device=tokens.device),
+        past_key_values=cache,
+        use_cache=True,
+        kvd_prefix=shared,
+    )
+    return result.logits[:, -1]
+
+
 @torch.no_grad()
 def _rollout_chunk(
     model: torch.nn.Module,
     prefill: Prefill,
     prefix_full: list[tuple[torch.Tensor, torch.Tensor]],
-    prefix_kept: list[tuple[torch.Tensor, torch.Tensor]],
+    interventions: Sequence[_Intervention],
     replicates: np.ndarray,
     doc_key: int,
     H: int,
@@ -323,93 +359,115 @@ def _rollout_chunk(
     eos_ids: Sequence[int],
     salt: int,
     keep_logits: bool,
-    identity: bool = False,
-) -> dict[str, np.ndarray]:
+) -> list[dict[str, np.ndarray]]:
+    """Coupled rollouts of ``replicates`` under every intervention, sharing one X stream.
+
+    Each step runs one model call for the k reference rows X (full prompt cache) and one per
+    evicted intervention for its 2k rows ``[Y | Z]`` (Z: Q fed X's tokens). The X call's batch
+    does not depend on the interventions, so X and every action's Y and Z are bit-identical to
+    a chunk with that action alone. An intervention with ``prefix=None`` keeps everything: its
+    Q is P itself (δ ≡ f ≡ 0, Y ≡ X) and it runs no rows.
+    """
     device = prefill.last_logits.device
     k = len(replicates)
     n = prefill.n
     n_layers = len(prefill.keys)
     n_kv, _, d = prefill.keys[0].shape
-    groups = [
-        [
-            (0, k, *prefix_full[layer]),
-            (k, 2 * k, *prefix_kept[layer]),
-            (2 * k, 3 * k, *prefix_kept[layer]),
-        ]
-        for layer in range(n_layers)
-    ]
-    shared = SharedPrefix(groups)
-    cache = RowCache(n_layers, 3 * k, n_kv, d, max(H - 1, 1), prefill.keys[0].dtype, device)
+    dtype = prefill.keys[0].dtype
+    capacity = max(H - 1, 1)
+    x_shared = SharedPrefix([[(0, k, *prefix_full[layer])] for layer in range(n_layers)])
+    x_cache = RowCache(n_layers, k, n_kv, d, capacity, dtype, device)
+    evicted = [i for i, act in enumerate(interventions) if act.prefix is not None]
+    shared = {
+        i: SharedPrefix(
+            [
+                [
+                    (0, k, *interventions[i].prefix[layer]),
+                    (k, 2 * k, *interventions[i].prefix[layer]),
+                ]
+                for layer in range(n_layers)
+            ]
+        )
+        for i in evicted
+    }
+    caches = {i: RowCache(n_layers, 2 * k, n_kv, d, capacity, dtype, device) for i in evicted}
     eos = torch.tensor(list(eos_ids), device=device)
     canonical = int(eos_ids[0])
-    vocab = prefill.last_logits.shape[-1]
+    first = prefill.last_logits.float()
+    vocab = first.shape[-1]
     point_mass = torch.zeros(vocab, dtype=torch.float64, device=device)
     point_mass[canonical] = 1.0
 
-    out = {
-        name: torch.empty((k, H), dtype=dtype, device=device)
-        for name, dtype in (
-            ("x_token", torch.long),
-            ("y_token", torch.long),
-            ("tv_rollout", torch.float64),
-            ("tv_fixed", torch.float64),
-            ("x_eos", torch.bool),
-            ("y_eos", torch.bool),
-        )
-    }
-    kept_logits: dict[str, list[torch.Tensor]] = {"p": [], "q": [], "q_fixed": []}
+    fields = (
+        ("y_token", torch.long),
+        ("tv_rollout", torch.float64),
+        ("tv_fixed", torch.float64),
+        ("y_eos", torch.bool),
+    )
+    out = [
+        {name: torch.empty((k, H), dtype=kind, device=device) for name, kind in fields}
+        for _ in interventions
+    ]
+    x_token = torch.empty((k, H), dtype=torch.long, device=device)
+    x_eos = torch.empty((k, H), dtype=torch.bool, device=device)
+    kept_logits: list[dict[str, list[torch.Tensor]]] = [
+        {"p": [], "q": [], "q_fixed": []} for _ in interventions
+    ]
     uniforms = _uniforms(seed, doc_key, replicates, H, salt, device)
     x_done = torch.zeros(k, dtype=torch.bool, device=device)
-    split = torch.zeros(k, dtype=torch.bool, device=device)  # X_{≤t} ≠ Y_{≤t}
-    no_rows = torch.zeros(0, dtype=torch.long, device=device)
-    y_done = torch.zeros(k, dtype=torch.bool, device=device)
-    logits = prefill.last_logits.float().expand(3 * k, vocab)
+    y_done = [torch.zeros(k, dtype=torch.bool, device=device) for _ in interventions]
+    split = [torch.zeros(k, dtype=torch.bool, device=device) for _ in interventions]
+    x_logits = first.expand(k, vocab)
+    yz_logits = {i: first.expand(2 * k, vocab) for i in evicted}
     with _attention_implementation(model, ATTENTION_NAME):
         for t in range(1, H + 1):
-            probs = logits.double().softmax(dim=-1)
-            p, q, q_fixed = probs[:k], probs[k : 2 * k], probs[2 * k :]
-            if identity:  # nothing evicted: Q is P as a kernel (the rows still run, same shapes)
-                q = q_fixed = p
-            if keep_logits:
-                for name, part in zip(kept_logits, logits.float().split(k), strict=True):
-                    kept_logits[name].append(part.cpu())
-            p = torch.where(x_done[:, None], point_mass, p)
-            q = torch.where(y_done[:, None], point_mass, q)
-            q_fixed = torch.where(x_done[:, None], point_mass, q_fixed)
-            x, y = maximal_coupling_step(p, q, uniforms[t - 1])
+            p_raw = x_logits.double().softmax(dim=-1)
+            p = torch.where(x_done[:, None], point_mass, p_raw)
+            x = None
+            for i in range(len(interventions)):
+                if i in yz_logits:
+                    q_raw, q_fixed_raw = yz_logits[i].double().softmax(dim=-1).split(k)
+                else:  # nothing evicted: Q is P as a kernel
+                    q_raw = q_fixed_raw = p_raw
+                if keep_logits:
+                    own = yz_logits[i].float().split(k) if i in yz_logits else (x_logits,) * 2
+                    for name, part in zip(("p", "q", "q_fixed"), (x_logits, *own), strict=True):
+                        kept_logits[i][name].append(part.float().cpu())
+                q = torch.where(y_done[i][:, None], point_mass, q_raw)
+                q_fixed = torch.where(x_done[:, None], point_mass, q_fixed_raw)
+                x_i, y = maximal_coupling_step(p, q, uniforms[t - 1])
+                x = x_i if x is None else x  # X ~ p by inverse CDF: the same for every q
+                y_done[i] = y_done[i] | torch.isin(y, eos)
+                out[i]["y_token"][:, t - 1] = y
+                out[i]["tv_rollout"][:, t - 1] = tv(p, q)
+                out[i]["tv_fixed"][:, t - 1] = tv(p, q_fixed)
+                out[i]["y_eos"][:, t - 1] = y_done[i]
+                split[i] = split[i] | (x != y)
+            if x is None:  # no intervention: X alone
+                x = maximal_coupling_step(p, p, uniforms[t - 1])[0]
             x_done = x_done | torch.isin(x, eos)
-            y_done = y_done | torch.isin(y, eos)
-            out["x_token"][:, t - 1] = x
-            out["y_token"][:, t - 1] = y
-            out["tv_rollout"][:, t - 1] = tv(p, q)
-            out["tv_fixed"][:, t - 1] = tv(p, q_fixed)
-            out["x_eos"][:, t - 1] = x_done
-            out["y_eos"][:, t - 1] = y_done
+            x_token[:, t - 1] = x
+            x_eos[:, t - 1] = x_done
             if t == H:
                 break
-            split = split | (x != y)
-            # Z's prompt attention equals Y's until the histories split: compute split rows only
-            active = split.nonzero()[:, 0] if not identity else no_rows
-            shared.mirror = (2 * k, k, active)
-            tokens = torch.cat([x, y, x])[:, None]
-            position = torch.full((3 * k, 1), n + t - 1, dtype=torch.long, device=device)
-            result = model(
-                input_ids=tokens,
-                position_ids=position,
-                cache_position=torch.tensor([t - 1], device=device),
-                past_key_values=cache,
-                use_cache=True,
-                kvd_prefix=shared,
-            )
-            logits = result.logits[:, -1]
-    arrays = {name: v.cpu().numpy() for name, v in out.items()}
-    if keep_logits:
-        for name, parts in kept_logits.items():
-            arrays[f"logits_{name}"] = torch.stack(parts, dim=1).numpy()
-    return arrays
+            x_logits = _decode_step(model, x, n + t - 1, x_cache, x_shared)
+            for i in evicted:
+                # Z's prompt attention equals Y's until the histories split: split rows only
+                shared[i].mirror = (k, 0, split[i].nonzero()[:, 0])
+                tokens = torch.cat([out[i]["y_token"][:, t - 1], x])
+                yz_logits[i] = _decode_step(model, tokens, n + t - 1, caches[i], shared[i])
+    x_arrays = {"x_token": x_token.cpu().numpy(), "x_eos": x_eos.cpu().numpy()}
+    results = []
+    for i, fields_i in enumerate(out):
+        arrays = {**x_arrays, **{name: v.cpu().numpy() for name, v in fields_i.items()}}
+        if keep_logits:
+            for name, parts in kept_logits[i].items():
+                arrays[f"logits_{name}"] = torch.stack(parts, dim=1).numpy()
+        results.append(arrays)
+    return results
 
 
-def _rollout_replicates(replicates: np.ndarray, run: Any, max_rows: int) -> tuple[list[dict], int]:
+def _rollout_replicates(replicates: np.ndarray, run: Any, max_rows: int) -> tuple[list[Any], int]:
     """Run ``run`` on chunks of at most ``max_rows // 3`` replicates; halve a chunk on OOM.
 
     Returns the results in replicate order and the largest chunk size that ran.
@@ -442,6 +500,142 @@ def _gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Ten
     return out
 
 
+def _replicate_indices(replicates: int | Sequence[int] | np.ndarray) -> np.ndarray:
+    reps = np.arange(replicates) if isinstance(replicates, int) else np.asarray(replicates)
+    return reps.astype(np.int64)
+
+
+def _check_rollout_args(coupling: str, H: int, eos_ids: Sequence[int]) -> None:
+    if coupling not in COUPLING_MODES:
+        raise ValueError(f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {coupling!r}")
+    if H < 1:
+        raise ValueError(f"H: expected an integer >= 1, got {H}")
+    if not eos_ids:
+        raise ValueError("eos_ids: at least one EOS token id is needed")
+
+
+def reference_groups(
+    actions: Sequence[ActionSpec], replicates: Mapping[str, np.ndarray], coupling: str
+) -> list[tuple[int, tuple[int, ...], list[int]]]:
+    """Actions that share one reference stream X: ``(salt, replicates, action indices)``.
+
+    Under common random numbers (SPEC §6) X depends only on (seed, document, replicate, t), so
+    the actions with the same replicate indices share one X batch (the full-retention control,
+    with its own K_control, gets its own). ``independent`` salts every action's streams with
+    its name, so each action has its own X.
+    """
+    groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for i, action in enumerate(actions):
+        salt = 0 if coupling == "shared-reference" else document_key(f"action:{action.name}")
+        key = (salt, tuple(int(r) for r in replicates[action.name]))
+        groups.setdefault(key, []).append(i)
+    return [(salt, reps, members) for (salt, reps), members in groups.items()]
+
+
+def rollout_document_actions(
+    model: torch.nn.Module,
+    input_ids: Sequence[int] | torch.Tensor,
+    actions: Sequence[ActionSpec | Mapping[str, Any]],
+    doc_id: str,
+    replicates: int | Sequence[int] | Mapping[str, int | Sequence[int]],
+    H: int,
+    seed: int,
+    eos_ids: Sequence[int],
+    coupling: str = "shared-reference",
+    max_batch_rows: int = 192,
+    keep_logits: bool = False,
+    prefill: Prefill | None = None,
+    exact_identity: bool = True,
+) -> dict[str, DocumentRollout]:
+    """Coupled rollouts of one document under several actions (SPEC §1, §6; DESIGN §4).
+
+    ONE prefill serves every action (full cache and first-token logits); each action gathers
+    its kept entries from it. Actions with the same replicates share one reference stream X
+    (:func:`reference_groups`); each evicting action adds its Y and Z rows. ``replicates``: K
+    or explicit indices for every action, or a mapping action name → K or indices (e.g. the
+    control's K_control). Every action's result is bit-identical to :func:`rollout_document`
+    with that action alone: the model calls of X and of each action's [Y | Z] rows have the
+    same batches either way (and the prefill's window queries the same length when the SnapKV
+    actions share their window). Returns ``{action name: DocumentRollout}``.
+
+    ``input_ids``: the chat-wrapped prompt (:func:`kvdiverge.models.chat_prompt_ids`);
+    ``eos_ids``: EOS token ids, the first one canonical. ``keep_logits`` also returns the
+    per-step logits of P (X rows), Q (Y rows) and Q on X's history (Z rows), for tests.
+    A ``prefill`` from :func:`kvdiverge.eviction.run_prefill` may be passed in.
+
+    An action that keeps every prompt entry (``full``, or a budget ≥ n) has Q = P as a kernel:
+    with ``exact_identity`` (default) Q and the fixed-history Q are P itself, so δ ≡ f ≡ 0 and
+    Y ≡ X exactly, and no Y/Z rows run. ``exact_identity=False`` runs its Y/Z rows over the
+    gathered full cache; they agree with P to floating-point accuracy.
+    """
+    _check_rollout_args(coupling, H, eos_ids)
+    specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
+    names = [a.name for a in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"actions: names must be unique, got {', '.join(names)}")
+    if isinstance(replicates, Mapping):
+        missing = [name for name in names if name not in replicates]
+        if missing:
+            raise ValueError(f"replicates: no replicate count for action(s) {', '.join(missing)}")
+        reps = {name: _replicate_indices(replicates[name]) for name in names}
+    else:
+        reps = {name: _replicate_indices(replicates) for name in names}
+    if prefill is None:
+        window = max(SELECTORS[a.selector].query_window(a) for a in specs)
+        prefill = run_prefill(model, input_ids, window)
+    _check_model(model, prefill.n, H)
+    kept = {a.name: select_positions(prefill, a) for a in specs}
+    prefix_full = list(zip(prefill.keys, prefill.values, strict=True))
+    interventions = [
+        _Intervention(
+            None
+            if exact_identity and kept[a.name].shape[-1] == prefill.n
+            else _gather_prefix(prefill, kept[a.name])
+        )
+        for a in specs
+    ]
+    doc_key = document_key(doc_id)
+    results: dict[str, DocumentRollout] = {}
+    for salt, group_reps, members in reference_groups(specs, reps, coupling):
+
+        def run(part: np.ndarray, members: list[int] = members, salt: int = salt) -> list[dict]:
+            return _rollout_chunk(
+                model,
+                prefill,
+                prefix_full,
+                [interventions[i] for i in members],
+                part,
+                doc_key,
+                H,
+                seed,
+                eos_ids,
+                salt,
+                keep_logits,
+            )
+
+        parts, fitted = _rollout_replicates(
+            np.asarray(group_reps, dtype=np.int64), run, max_batch_rows
+        )
+        for j, i in enumerate(members):
+            merged = {name: np.concatenate([p[j][name] for p in parts]) for name in parts[0][j]}
+            logits = {n[len("logits_") :]: v for n, v in merged.items() if n.startswith("logits_")}
+            results[specs[i].name] = DocumentRollout(
+                doc_id=doc_id,
+                replicates=reps[specs[i].name],
+                x_token=merged["x_token"],
+                y_token=merged["y_token"],
+                tv_rollout=merged["tv_rollout"],
+                tv_fixed=merged["tv_fixed"],
+                x_eos=merged["x_eos"],
+                y_eos=merged["y_eos"],
+                n_prompt=prefill.n,
+                n_kept=int(kept[specs[i].name].shape[-1]),
+                batch_rows=3 * fitted,
+                logits=logits or None,
+            )
+    return {name: results[name] for name in names}
+
+
 def rollout_document(
     model: torch.nn.Module,
     input_ids: Sequence[int] | torch.Tensor,
@@ -459,72 +653,24 @@ def rollout_document(
 ) -> DocumentRollout:
     """Coupled rollouts of one document under one action (SPEC §1, §6; DESIGN §4).
 
-    ``input_ids``: the chat-wrapped prompt (:func:`kvdiverge.models.chat_prompt_ids`);
-    ``replicates``: K or explicit replicate indices (each keyed into the random streams);
-    ``eos_ids``: EOS token ids, the first one canonical. ``keep_logits`` also returns the
-    per-step logits of P (X rows), Q (Y rows) and Q on X's history (Z rows), for tests.
-    A ``prefill`` computed with :func:`kvdiverge.eviction.run_prefill` may be reused.
-
-    When the action keeps every prompt entry (``full``, or a budget ≥ n) the intervention
-    kernel is the reference kernel: with ``exact_identity`` (default) Q and the fixed-history Q
-    are set to P itself, so δ ≡ f ≡ 0 and Y ≡ X exactly (the Y and Z rows still run, keeping the
-    batch layout, hence X, identical to other actions'). ``exact_identity=False`` uses the Y/Z
-    rows' own logits, which agree with P to floating-point accuracy (CPU vector kernels may
-    round rows at different batch positions differently).
+    :func:`rollout_document_actions` with a single action (same arguments, same values).
     """
-    if coupling not in COUPLING_MODES:
-        raise ValueError(f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {coupling!r}")
-    if H < 1:
-        raise ValueError(f"H: expected an integer >= 1, got {H}")
-    if not eos_ids:
-        raise ValueError("eos_ids: at least one EOS token id is needed")
     action = action if isinstance(action, ActionSpec) else parse_action(action)
-    reps = np.arange(replicates) if isinstance(replicates, int) else np.asarray(replicates)
-    reps = reps.astype(np.int64)
-    if prefill is None:
-        window = SELECTORS[action.selector].query_window(action)
-        prefill = run_prefill(model, input_ids, window)
-    _check_model(model, prefill.n, H)
-    kept = select_positions(prefill, action)
-    identity = exact_identity and kept.shape[-1] == prefill.n
-    prefix_full = list(zip(prefill.keys, prefill.values, strict=True))
-    prefix_kept = _gather_prefix(prefill, kept)
-    doc_key = document_key(doc_id)
-    salt = 0 if coupling == "shared-reference" else document_key(f"action:{action.name}")
-
-    def run(part: np.ndarray) -> dict[str, np.ndarray]:
-        return _rollout_chunk(
-            model,
-            prefill,
-            prefix_full,
-            prefix_kept,
-            part,
-            doc_key,
-            H,
-            seed,
-            eos_ids,
-            salt,
-            keep_logits,
-            identity,
-        )
-
-    parts, fitted = _rollout_replicates(reps, run, max_batch_rows)
-    merged = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-    logits = {k[len("logits_") :]: v for k, v in merged.items() if k.startswith("logits_")}
-    return DocumentRollout(
-        doc_id=doc_id,
-        replicates=reps,
-        x_token=merged["x_token"],
-        y_token=merged["y_token"],
-        tv_rollout=merged["tv_rollout"],
-        tv_fixed=merged["tv_fixed"],
-        x_eos=merged["x_eos"],
-        y_eos=merged["y_eos"],
-        n_prompt=prefill.n,
-        n_kept=int(kept.shape[-1]),
-        batch_rows=3 * fitted,
-        logits=logits or None,
-    )
+    return rollout_document_actions(
+        model,
+        input_ids,
+        [action],
+        doc_id,
+        replicates,
+        H,
+        seed,
+        eos_ids,
+        coupling,
+        max_batch_rows,
+        keep_logits,
+        prefill,
+        exact_identity,
+    )[action.name]
 
 
 def trajectory_frame(rollouts: Iterable[DocumentRollout]) -> pl.DataFrame:
@@ -556,6 +702,50 @@ def trajectory_frame(rollouts: Iterable[DocumentRollout]) -> pl.DataFrame:
     return pl.concat(frames)
 
 
+def rollout_documents_actions(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    documents: Iterable[tuple[str, str, Mapping[str, int]]],
+    actions: Sequence[ActionSpec | Mapping[str, Any]],
+    H: int,
+    seed: int,
+    eos_ids: Sequence[int],
+    coupling: str = "shared-reference",
+    max_batch_rows: int = 192,
+    progress: Any = None,
+) -> dict[str, pl.DataFrame]:
+    """Coupled rollouts of many documents under several actions: one §3.2 table per action.
+
+    ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
+    mapping does not run it. Each prompt is wrapped by the tokenizer's chat template (SPEC §5)
+    and prefilled once for all its actions (:func:`rollout_document_actions`). Each action's
+    table lists its documents in the order given. ``progress``: optional tqdm-like object
+    updated once per document.
+    """
+    from kvdiverge.models import chat_prompt_ids
+
+    specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
+    rollouts: dict[str, list[DocumentRollout]] = {a.name: [] for a in specs}
+    rows = max_batch_rows
+    for doc_id, prompt, counts in documents:
+        unknown = [name for name in counts if name not in rollouts]
+        if unknown:
+            raise ValueError(f"document {doc_id}: replicates for unknown action(s) {unknown}")
+        running = [a for a in specs if a.name in counts]
+        if running:
+            ids = chat_prompt_ids(tokenizer, prompt)
+            results = rollout_document_actions(
+                model, ids, running, doc_id, counts, H, seed, eos_ids, coupling, rows
+            )
+            for name, result in results.items():
+                if result.batch_rows < min(rows, 3 * len(result.replicates)):
+                    rows = result.batch_rows  # an out-of-memory split: keep the size that fitted
+                rollouts[name].append(result)
+        if progress is not None:
+            progress.update(1)
+    return {name: trajectory_frame(results) for name, results in rollouts.items()}
+
+
 def rollout_documents(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -568,25 +758,15 @@ def rollout_documents(
     max_batch_rows: int = 192,
     progress: Any = None,
 ) -> pl.DataFrame:
-    """Coupled rollouts of many documents ``(doc_id, prompt, K)``: the §3.2 trajectory table.
+    """Coupled rollouts of many documents ``(doc_id, prompt, K)`` under one action (§3.2 table).
 
-    Each prompt is wrapped by the tokenizer's chat template (SPEC §5). ``progress`` is an
-    optional tqdm-like object updated once per document.
+    :func:`rollout_documents_actions` with a single action.
     """
-    from kvdiverge.models import chat_prompt_ids
-
-    action = action if isinstance(action, ActionSpec) else parse_action(action)
-    rollouts = []
-    rows = max_batch_rows
-    for doc_id, prompt, k in documents:
-        ids = chat_prompt_ids(tokenizer, prompt)
-        result = rollout_document(model, ids, action, doc_id, k, H, seed, eos_ids, coupling, rows)
-        if result.batch_rows < min(rows, 3 * k):
-            rows = result.batch_rows  # an out-of-memory split: keep the size that fitted
-        rollouts.append(result)
-        if progress is not None:
-            progress.update(1)
-    return trajectory_frame(rollouts)
+    spec = action if isinstance(action, ActionSpec) else parse_action(action)
+    docs = [(doc_id, prompt, {spec.name: k}) for doc_id, prompt, k in documents]
+    return rollout_documents_actions(
+        model, tokenizer, docs, [spec], H, seed, eos_ids, coupling, max_batch_rows, progress
+    )[spec.name]
 
 
 DOCUMENT_COLUMNS = ("doc_id", "cohort", "prompt")
@@ -621,6 +801,127 @@ def select_documents(
     return out
 
 
+def select_job_documents(
+    path: str | os.PathLike, cohorts: Mapping[str, Mapping[str, int]]
+) -> list[tuple[str, str, dict[str, int]]]:
+    """``(doc_id, prompt, {action: K})`` for a job of several actions (DESIGN §3.1, §4).
+
+    ``cohorts[action]`` maps cohort → K as in :func:`select_documents`. Documents come in the
+    order of the first action that runs them (each action's own order is the same when the
+    actions list the same cohorts, as a study's do).
+    """
+    order: dict[str, tuple[str, dict[str, int]]] = {}
+    for action, per_cohort in cohorts.items():
+        for doc_id, prompt, k in select_documents(path, per_cohort):
+            order.setdefault(doc_id, (prompt, {}))[1][action] = k
+    return [(doc_id, prompt, counts) for doc_id, (prompt, counts) in order.items()]
+
+
+def _load(model: Mapping[str, Any], device: str) -> tuple[torch.nn.Module, Any]:
+    from kvdiverge.models import load_model, load_tokenizer
+
+    trust = bool(model.get("trust_remote_code", False))
+    lm = load_model(
+        model["path"],
+        device=device,
+        dtype=model.get("dtype", "auto"),
+        revision=model.get("revision"),
+        trust_remote_code=trust,
+    )
+    tokenizer = load_tokenizer(
+        model["path"], trust_remote_code=trust, revision=model.get("revision")
+    )
+    return lm, tokenizer
+
+
+def run_stratum_rollout_job(
+    documents_path: str | os.PathLike,
+    out_paths: Mapping[str, str | os.PathLike],
+    model: Mapping[str, Any],
+    actions: Mapping[str, Mapping[str, Any]],
+    cohorts: Mapping[str, Mapping[str, int]],
+    H: int,
+    seed: int,
+    coupling: str = "shared-reference",
+    max_batch_rows: int = 192,
+    device: str = "auto",
+    log_file: Any = None,
+) -> dict[str, pl.DataFrame]:
+    """One rollout job of the pipeline (DESIGN §2): a stratum's documents under every action
+    of a study → one trajectory file per action (§3.2).
+
+    The model loads once and each document is prefilled once for all actions
+    (:func:`rollout_documents_actions`); every file is bit-identical to the one
+    :func:`run_rollout_job` writes for that action alone. ``out_paths``, ``actions`` (spec
+    dicts) and ``cohorts`` (cohort → K) are keyed by action name. Inputs are checked before the
+    model loads; progress (one tick per document) goes to ``log_file``.
+    """
+    from tqdm import tqdm
+
+    from kvdiverge.models import eos_token_ids
+    from kvdiverge.trajectories import write_trajectories
+
+    if coupling not in COUPLING_MODES:
+        raise ValueError(f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {coupling!r}")
+    specs = {
+        name: parse_action(spec, name=spec.get("name", name)) for name, spec in actions.items()
+    }
+    for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
+        if set(given) != set(specs):
+            raise ValueError(
+                f"{field}: expected one entry per action ({', '.join(specs)}), "
+                f"got {', '.join(given) or 'none'}"
+            )
+    documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
+    if not documents:
+        log.warning("%s: no documents of the jobs' cohorts", documents_path)
+    lm, tokenizer = _load(model, device)
+    eos = eos_token_ids(lm, tokenizer)
+    log.info(
+        "model %s (%s, %s on %s); actions %s; %d documents; H=%d; EOS %s",
+        model.get("name", model["path"]),
+        model["path"],
+        lm.dtype,
+        lm.device,
+        ", ".join(s.name for s in specs.values()),
+        len(documents),
+        H,
+        eos,
+    )
+    with tqdm(total=len(documents), file=log_file, unit="doc", mininterval=1.0) as bar:
+        frames = rollout_documents_actions(
+            lm,
+            tokenizer,
+            documents,
+            list(specs.values()),
+            H,
+            seed,
+            eos,
+            coupling,
+            max_batch_rows,
+            progress=bar,
+        )
+    out = {}
+    for name, spec in specs.items():
+        frame = frames[spec.name]
+        metadata = {
+            "model": {"name": model.get("name"), "path": str(model["path"])},
+            "revision": model.get("revision"),
+            "action": spec.as_dict(),
+            "H": H,
+            "K": dict(cohorts[name]),
+            "seed": seed,
+            "coupling": coupling,
+            "dtype": str(lm.dtype).removeprefix("torch."),
+            "device": str(lm.device),
+            "eos_ids": list(eos),
+            "n_documents": frame["doc_id"].n_unique(),
+        }
+        write_trajectories(frame, out_paths[name], metadata)
+        out[name] = frame
+    return out
+
+
 def run_rollout_job(
     documents_path: str | os.PathLike,
     out_path: str | os.PathLike,
@@ -634,63 +935,23 @@ def run_rollout_job(
     device: str = "auto",
     log_file: Any = None,
 ) -> pl.DataFrame:
-    """One rollout job of the pipeline (DESIGN §2): documents → trajectory file (§3.2).
+    """A rollout job of one action (DESIGN §2): documents → one trajectory file (§3.2).
 
     ``model``: ``{name, path, revision, trust_remote_code, dtype}``; ``action``: an action
-    spec dict with its name; ``cohorts``: replicates per cohort. Inputs are checked before the
-    model loads; progress (one tick per document) goes to ``log_file``.
+    spec dict with its name; ``cohorts``: replicates per cohort. The single-action case of
+    :func:`run_stratum_rollout_job`.
     """
-    from tqdm import tqdm
-
-    from kvdiverge.models import eos_token_ids, load_model, load_tokenizer
-    from kvdiverge.trajectories import write_trajectories
-
-    spec = parse_action(action)
-    if coupling not in COUPLING_MODES:
-        raise ValueError(f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {coupling!r}")
-    documents = select_documents(documents_path, cohorts)
-    if not documents:
-        log.warning("%s: no documents of cohort(s) %s", documents_path, ", ".join(cohorts))
-    lm = load_model(
-        model["path"],
-        device=device,
-        dtype=model.get("dtype", "auto"),
-        revision=model.get("revision"),
-        trust_remote_code=bool(model.get("trust_remote_code", False)),
-    )
-    tokenizer = load_tokenizer(
-        model["path"],
-        trust_remote_code=bool(model.get("trust_remote_code", False)),
-        revision=model.get("revision"),
-    )
-    eos = eos_token_ids(lm, tokenizer)
-    log.info(
-        "model %s (%s, %s on %s); action %s; %d documents; H=%d; EOS %s",
-        model.get("name", model["path"]),
-        model["path"],
-        lm.dtype,
-        lm.device,
-        spec.name,
-        len(documents),
+    name = parse_action(action).name
+    return run_stratum_rollout_job(
+        documents_path,
+        {name: out_path},
+        model,
+        {name: action},
+        {name: cohorts},
         H,
-        eos,
-    )
-    with tqdm(total=len(documents), file=log_file, unit="doc", mininterval=1.0) as bar:
-        frame = rollout_documents(
-            lm, tokenizer, documents, spec, H, seed, eos, coupling, max_batch_rows, progress=bar
-        )
-    metadata = {
-        "model": {"name": model.get("name"), "path": str(model["path"])},
-        "revision": model.get("revision"),
-        "action": spec.as_dict(),
-        "H": H,
-        "K": dict(cohorts),
-        "seed": seed,
-        "coupling": coupling,
-        "dtype": str(lm.dtype).removeprefix("torch."),
-        "device": str(lm.device),
-        "eos_ids": list(eos),
-        "n_documents": len(documents),
-    }
-    write_trajectories(frame, out_path, metadata)
-    return frame
+        seed,
+        coupling,
+        max_batch_rows,
+        device,
+        log_file,
+    )[name]
