@@ -14,8 +14,16 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import kvdiverge.engine as engine
 from kvdiverge.coupling import maximal_coupling_joint
-from kvdiverge.engine import rollout_document, rollout_documents, trajectory_frame
-from kvdiverge.eviction import kept_positions, run_prefill
+from kvdiverge.engine import (
+    reference_groups,
+    rollout_document,
+    rollout_document_actions,
+    rollout_documents,
+    run_rollout_job,
+    run_stratum_rollout_job,
+    trajectory_frame,
+)
+from kvdiverge.eviction import kept_positions, parse_action, run_prefill
 from kvdiverge.models import (
     build_demo_model,
     chat_prompt_ids,
@@ -42,8 +50,13 @@ FULL = {"name": "full", "selector": "full"}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def demo(request, tmp_path_factory):
-    path = build_demo_model(request.param, tmp_path_factory.mktemp(request.param) / "m", seed=11)
+def demo_path(request, tmp_path_factory) -> Path:
+    return build_demo_model(request.param, tmp_path_factory.mktemp(request.param) / "m", seed=11)
+
+
+@pytest.fixture(scope="module")
+def demo(demo_path):
+    path = demo_path
     tok = load_tokenizer(str(path))
     model = load_model(str(path))
     return model, tok, chat_prompt_ids(tok, PROMPT), eos_token_ids(model, tok)
@@ -366,3 +379,75 @@ def test_documents_selection_and_errors(tmp_path):
     pl.concat([table, table.head(1)]).write_parquet(tmp_path / "dup.parquet")
     with pytest.raises(ValueError, match="not unique"):
         select_documents(tmp_path / "dup.parquet", {"dev": 1})
+
+
+FIXTURE = Path(__file__).parent / "data" / "documents" / "ruler-1024.parquet"
+STUDY_ACTIONS = {
+    "snapkv-512": {"name": "snapkv-512", "selector": "snapkv", "budget": 512},
+    "snapkv-half": {"name": "snapkv-half", "selector": "snapkv", "budget": 0.5},
+    "recent-half": {"name": "recent-half", "selector": "recent", "budget": 0.5},
+    "full": {"name": "full", "selector": "full"},
+}
+STUDY_COHORTS = {
+    name: {"dev": 2, "study1": 2 if name == "full" else 3} for name in STUDY_ACTIONS
+}  # the control runs K_control = 2 replicates, the other actions K = 3
+
+
+@pytest.mark.parametrize("coupling", ["shared-reference", "independent"])
+def test_multi_action_job_files_equal_single_action_jobs_bit_for_bit(demo_path, tmp_path, coupling):
+    """One job for all of a study's actions (one model load, one prefill per document) writes
+    the same files, row for row and bit for bit, as one job per action (DESIGN §3.2, §4)."""
+    model = {"name": "demo", "path": str(demo_path)}
+    settings = {"H": 8, "seed": 7, "coupling": coupling, "device": "cpu"}
+    multi = {name: tmp_path / "multi" / f"{name}.parquet" for name in STUDY_ACTIONS}
+    run_stratum_rollout_job(FIXTURE, multi, model, STUDY_ACTIONS, STUDY_COHORTS, **settings)
+    frames = {}
+    for name, action in STUDY_ACTIONS.items():
+        alone = tmp_path / "single" / f"{name}.parquet"
+        run_rollout_job(FIXTURE, alone, model, action, STUDY_COHORTS[name], **settings)
+        frames[name] = read_trajectories(multi[name])
+        assert frames[name].equals(read_trajectories(alone)), name
+        assert read_trajectory_metadata(multi[name]) == read_trajectory_metadata(alone)
+        assert frames[name].height == (2 * 2 + 3 * STUDY_COHORTS[name]["study1"]) * 8
+    assert frames["snapkv-half"]["mismatch"].any()
+    full = frames["full"]
+    assert (full["tv_rollout"] == 0).all() and (full["x_token"] == full["y_token"]).all()
+    shared = [
+        frames[name].filter(pl.col("replicate") < 2).sort("doc_id", "replicate", "t")["x_token"]
+        for name in STUDY_ACTIONS
+    ]
+    same_x = [s.equals(shared[0]) for s in shared[1:]]
+    assert all(same_x) if coupling == "shared-reference" else not any(same_x)
+
+
+def test_reference_groups_and_batches_of_a_multi_action_document(demo, monkeypatch):
+    """X rows run once per replicate set (the control, with fewer replicates, apart); each
+    evicting action adds one [Y | Z] call of 2k rows; a full-retention action adds none."""
+    model, _, ids, eos = demo
+    specs = [parse_action(STUDY_ACTIONS[n]) for n in ("snapkv-half", "recent-half", "full")]
+    reps = {"snapkv-half": np.arange(4), "recent-half": np.arange(4), "full": np.arange(2)}
+    assert reference_groups(specs, reps, "shared-reference") == [
+        (0, (0, 1, 2, 3), [0, 1]),
+        (0, (0, 1), [2]),
+    ]
+    independent = reference_groups(specs, {n: np.arange(4) for n in reps}, "independent")
+    assert [members for _, _, members in independent] == [[0], [1], [2]]
+    assert len({salt for salt, _, _ in independent}) == 3
+
+    rows = []
+    real = engine._decode_step
+
+    def spy(model, tokens, position, cache, shared):
+        rows.append(tokens.shape[0])
+        return real(model, tokens, position, cache, shared)
+
+    monkeypatch.setattr(engine, "_decode_step", spy)
+    counts = {name: len(r) for name, r in reps.items()}
+    out = rollout_document_actions(model, ids, specs, "doc-m", counts, 6, seed=3, eos_ids=eos)
+    assert rows == [4, 8, 8] * 5 + [2] * 5  # H − 1 = 5 decoding steps per group
+    alone = rollout_document(model, ids, specs[0], "doc-m", 4, 6, seed=3, eos_ids=eos)
+    for field in ("x_token", "y_token", "tv_rollout", "tv_fixed", "x_eos", "y_eos"):
+        assert np.array_equal(getattr(out["snapkv-half"], field), getattr(alone, field))
+    assert np.array_equal(out["full"].x_token, out["snapkv-half"].x_token[:2])
+    with pytest.raises(ValueError, match="no replicate count for action.s. recent-half, full"):
+        rollout_document_actions(model, ids, specs, "d", {"snapkv-half": 1}, 4, 1, eos)
