@@ -211,7 +211,6 @@ FAMILY_KEYS = (
     "alt_strength",
     "n_reps",
     "window_depths",
-    "interval_figure_systems",
     "alpha",
 )
 
@@ -233,7 +232,8 @@ def _family_section(config: Mapping[str, Any]) -> tuple[int, Mapping[str, Any]]:
             "config.finite_state.n_tokens: expected at least 3 when eos_prob > 0 "
             f"(two words and EOS), got {section['n_tokens']}"
         )
-    too_large = [s for s in section["interval_figure_systems"] if s >= section["n_systems"]]
+    shown = section.get("interval_figure_systems", [])  # figure-only: may be absent here
+    too_large = [s for s in shown if s >= section["n_systems"]]
     if too_large:
         raise ValueError(
             "config.finite_state.interval_figure_systems: expected system indices < n_systems "

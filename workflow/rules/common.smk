@@ -11,6 +11,11 @@ def fingerprint(*modules):
     return module_fingerprint(*modules)
 
 
+def finite_state_study_settings():
+    """config.finite_state less the figure-only key, so that editing it reruns only figures."""
+    return {k: v for k, v in config["finite_state"].items() if k != "interval_figure_systems"}
+
+
 def final_outputs():
     """Every file `rule all` builds: the finite-state study, figure 1, and for every study its
     estimands, prediction, sample-size plan, figures and tables (through every upstream job)."""
@@ -103,7 +108,7 @@ for _study, _spec in config["studies"].items():
 
 
 def rollout_model(wildcards):
-    """Loading parameters of the rollout's model (path, revision, remote code, dtype)."""
+    """Loading parameters of the rollout job's model (path, revision, remote code, dtype)."""
     spec = config["models"][wildcards.model]
     return {
         "name": wildcards.model,
@@ -119,24 +124,33 @@ def rollout_model_input(wildcards):
     return [model_path(wildcards.model)] if wildcards.model in demo_models() else []
 
 
-def rollout_action(wildcards):
-    """The action spec with all its parameters (DESIGN §3.6)."""
-    study = config["studies"][wildcards.study]
-    if wildcards.action not in study["actions"]:
-        raise ValueError(
-            f"config.studies.{wildcards.study}.actions: no action {wildcards.action!r} "
-            f"({', '.join(study['actions'])})"
+def rollout_trajectories(study):
+    """The study's trajectory files by action (DESIGN §3.2), with {model} and {stratum} left as
+    wildcards: the outputs of its rule rollout_<study> (one job per model and stratum)."""
+    return {
+        action: f"results/{study}/{{model}}/trajectories/{action}/{{stratum}}.parquet"
+        for action in config["studies"][study]["actions"]
+    }
+
+
+def rollout_actions(study):
+    """Every action spec of the study with all its parameters, by name (DESIGN §3.6)."""
+    return {name: ROLLOUT_ACTIONS[name].as_dict() for name in config["studies"][study]["actions"]}
+
+
+def rollout_cohorts(study):
+    """Replicates per cohort of each action of the study: dev → K_dev, the study's cohort → K;
+    the control uses K_control for both."""
+    spec = config["studies"][study]
+    cohort = spec.get("cohort", study)
+    return {
+        name: (
+            {"dev": spec["K_control"], cohort: spec["K_control"]}
+            if name == spec["control"]
+            else {"dev": spec["K_dev"], cohort: spec["K"]}
         )
-    return ROLLOUT_ACTIONS[wildcards.action].as_dict()
-
-
-def rollout_cohorts(wildcards):
-    """Replicates per cohort: dev → K_dev, the study's cohort → K; the control uses K_control."""
-    study = config["studies"][wildcards.study]
-    cohort = study.get("cohort", wildcards.study)
-    if wildcards.action == study["control"]:
-        return {"dev": study["K_control"], cohort: study["K_control"]}
-    return {"dev": study["K_dev"], cohort: study["K"]}
+        for name in spec["actions"]
+    }
 
 
 # ---- Figures and tables (README "Figures and tables"): per-study settings ---------------------

@@ -28,7 +28,7 @@ rule introductory_figure:
         horizon=config["figures"]["introductory"]["horizon"],
         code=fingerprint(
             "kvdiverge.plots.theory",
-            "kvdiverge.plots.finite_state",
+            "kvdiverge.plots.base",
             "kvdiverge.risk",
             "kvdiverge.coupling",
             "kvdiverge.io",
@@ -98,7 +98,7 @@ rule study_figures:
         palette_actions=list(config["actions"]),
         code=fingerprint(
             "kvdiverge.plots.study",
-            "kvdiverge.plots.finite_state",
+            "kvdiverge.plots.base",
             "kvdiverge.tables",
             "kvdiverge.io",
         ),
@@ -147,7 +147,7 @@ rule study_branch_figure:
         palette_actions=list(config["actions"]),
         code=fingerprint(
             "kvdiverge.plots.study",
-            "kvdiverge.plots.finite_state",
+            "kvdiverge.plots.base",
             "kvdiverge.tables",
             "kvdiverge.io",
         ),

@@ -17,7 +17,7 @@ rule finite_state_systems:
         "../../envs/analysis.yaml"
     params:
         seed=config["seed"],
-        finite_state=config["finite_state"],
+        finite_state=finite_state_study_settings(),
         code=fingerprint("kvdiverge.finite_state", "kvdiverge.coupling", "kvdiverge.identification"),
     script:
         "../scripts/finite_state_systems.py"
@@ -49,6 +49,6 @@ rule finite_state_figures:
         "../../envs/analysis.yaml"
     params:
         interval_systems=config["finite_state"]["interval_figure_systems"],
-        code=fingerprint("kvdiverge.plots.finite_state", "kvdiverge.io"),
+        code=fingerprint("kvdiverge.plots.finite_state", "kvdiverge.plots.base", "kvdiverge.io"),
     script:
         "../scripts/finite_state_figures.py"

@@ -15,9 +15,9 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from kvdiverge.io import atomic_path  # noqa: E402
+from kvdiverge.plots.base import paper_theme, save_figure  # noqa: E402
 
-__all__ = ["plot_estimators", "plot_identified_interval", "save_figure", "write_figures"]
+__all__ = ["plot_estimators", "plot_identified_interval", "write_figures"]
 
 _ESTIMATOR_COLORS = {"naive": "#8c8c8c", "SWRB": "#1f77b4"}
 _Z95 = 1.959963984540054
@@ -29,14 +29,6 @@ def _require(table: pl.DataFrame, columns: Sequence[str], name: str) -> None:
         raise ValueError(f"{name}: missing column(s) {', '.join(missing)}")
     if table.height == 0:
         raise ValueError(f"{name}: expected at least one row")
-
-
-def save_figure(fig: plt.Figure, png: str | os.PathLike, pdf: str | os.PathLike) -> None:
-    """Write ``fig`` atomically as PNG (200 dpi) and PDF, then close it."""
-    for target, fmt in ((png, "png"), (pdf, "pdf")):
-        with atomic_path(target) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=200, bbox_inches="tight")
-    plt.close(fig)
 
 
 def plot_estimators(systems: pl.DataFrame) -> plt.Figure:
@@ -66,7 +58,7 @@ def plot_estimators(systems: pl.DataFrame) -> plt.Figure:
             for label, prefix in (("naive", "naive"), ("SWRB", "swrb"))
         ]
     )
-    sns.set_theme(style="whitegrid", context="paper")
+    paper_theme()
     fig, (ax_mean, ax_ratio) = plt.subplots(
         1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1.6, 1]}
     )
@@ -127,7 +119,7 @@ def plot_identified_interval(windows: pl.DataFrame, systems: Sequence[int]) -> p
     absent = [s for s in systems if s not in known]
     if absent or not systems:
         raise ValueError(f"systems: expected systems present in the windows table, got {absent}")
-    sns.set_theme(style="whitegrid", context="paper")
+    paper_theme()
     fig, axes = plt.subplots(
         1, len(systems), figsize=(3.0 * len(systems), 3.2), sharey=False, squeeze=False
     )

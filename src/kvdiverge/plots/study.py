@@ -25,7 +25,7 @@ import polars as pl  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 
-from kvdiverge.plots.finite_state import save_figure  # noqa: E402
+from kvdiverge.plots.base import paper_theme, save_figure  # noqa: E402
 from kvdiverge.tables import (  # noqa: E402
     StudyTableError,
     contrasts_in,
@@ -197,7 +197,7 @@ def plot_divergence_cdf(
     columns = ["pooled", *strata_in(table)]
     rows = rows.filter(pl.col("action").is_in(actions))
     horizon = int(rows["x"].max())
-    sns.set_theme(style="whitegrid", context="paper")
+    paper_theme()
     fig, axes = plt.subplots(
         len(models),
         len(columns),
@@ -268,7 +268,7 @@ def plot_tv_profiles(
     actions = list(actions) if actions is not None else _actions_in(table)
     palette = _complete_palette(palette, actions)
     models = _models_in(table)
-    sns.set_theme(style="whitegrid", context="paper")
+    paper_theme()
     fig, axes = plt.subplots(
         len(models), 2, figsize=(9.5, 2.7 * len(models) + 0.8), sharey=True, squeeze=False
     )
@@ -397,7 +397,7 @@ def plot_branch_endpoints(
     models = _models_in(table)
     b_rows = _pooled_action_rows(table, "branch_contrast_B", actions, where, "figure 7")
     s_rows = _pooled_action_rows(table, "S_99", actions, where, "figure 7")
-    sns.set_theme(style="whitegrid", context="paper")
+    paper_theme()
     fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(9, 3.6))
     _dodged_intervals(ax_b, b_rows, models, actions, palette)
     ax_b.axhline(0, color="black", lw=0.8)
@@ -442,7 +442,7 @@ def plot_decomposition(
         & pl.col("contrast").is_in(contrasts)
         & pl.col("estimand").is_in(need)
     )
-    sns.set_theme(style="whitegrid", context="paper")
+    paper_theme()
     fig, axes = plt.subplots(
         1,
         len(models),

@@ -17,10 +17,9 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 
-from kvdiverge.plots.finite_state import save_figure  # noqa: E402
+from kvdiverge.plots.base import paper_theme, save_figure  # noqa: E402
 from kvdiverge.risk import exact_path_law, introductory_example  # noqa: E402
 
 __all__ = ["introductory_curves", "plot_introductory_example", "write_introductory_figure"]
@@ -56,7 +55,7 @@ def plot_introductory_example(eps: float, H: int) -> plt.Figure:
     split into occurrence O_H and post-divergence component Π_H against the sequence TV ε."""
     curves = introductory_curves(eps, H)
     t = np.arange(1, H + 1)
-    sns.set_theme(style="whitegrid", context="paper")
+    paper_theme()
     fig, (ax_m, ax_c, ax_r) = plt.subplots(
         1, 3, figsize=(11, 3.3), gridspec_kw={"width_ratios": [1.25, 1.25, 1]}
     )
