@@ -10,6 +10,7 @@ import pytest
 
 from kvdiverge.analysis.document_stats import AnalysisInputError
 from kvdiverge.analysis.planning import (
+    attribute_job_seconds,
     cost_per_unit,
     optimal_design,
     read_benchmark_seconds,
@@ -86,38 +87,55 @@ def _bench(path, seconds):
     path.write_text(BENCH_HEADER + f"{seconds}\t0:00:01\t100\t1\t1\t1\t0\t0\t50\t{seconds}\n")
 
 
-def test_study_plan_reads_benchmarks_and_compares_the_configured_design(tmp_path):
+def test_attribute_job_seconds_splits_by_paths_times_rows():
+    paths = {"snap": 40, "recent": 40, "full": 20}
+    rows = {"snap": 3, "recent": 3, "full": 1}
+    shares = attribute_job_seconds(26.0, paths, rows)
+    assert shares == pytest.approx({"snap": 12.0, "recent": 12.0, "full": 2.0})
+    assert sum(shares.values()) == pytest.approx(26.0)
+    with pytest.raises(AnalysisInputError, match="no decoded rows"):
+        attribute_job_seconds(1.0, {"full": 0}, {"full": 1})
+
+
+def test_study_plan_reads_job_benchmarks_and_compares_the_configured_design(tmp_path):
+    """One benchmark per (model, stratum) job running every action; its seconds are the rows
+    decoded × one per-row cost, so c_doc = 0 and c_rep = 3 × that cost (X, Y, Z rows)."""
     dev = _dev_stats(0.1, 0.3, 60, 16, 1)
     evaluation = dev.with_columns(
         cohort=pl.lit("study1"), doc_id=pl.col("doc_id").str.replace("/dev/", "/study1/")
     )
     snap = pl.concat([dev, evaluation])
     control = snap.with_columns(action=pl.lit("full"), n_paths=pl.lit(2, dtype=pl.Int64))
-    stats = {"m": pl.concat([snap, control])}
-    c_doc, c_rep = {"snap": 2.0, "full": 2.0}, {"snap": 0.05, "full": 0.05}
+    recent = snap.with_columns(action=pl.lit("recent"))
+    stats = {"m": pl.concat([snap, recent, control])}
+    rows = {"snap": 3, "recent": 3, "full": 1}
+    c_row = 0.02
     benchmarks = {}
-    for (action, stratum), rows in stats["m"].group_by("action", "stratum"):
-        path = tmp_path / f"{action}-{stratum}.tsv"
-        _bench(path, rows.height * c_doc[action] + rows["n_paths"].sum() * c_rep[action])
-        benchmarks[("m", action, stratum)] = path
+    for (stratum,), frame in stats["m"].group_by("stratum"):
+        paths = frame.group_by("action").agg(pl.col("n_paths").sum())
+        seconds = sum(c_row * rows[a] * p for a, p in paths.iter_rows())
+        path = tmp_path / f"{stratum}.tsv"
+        _bench(path, seconds)
+        benchmarks[("m", stratum)] = path
     plan = study_plan(
         stats,
         benchmarks,
-        actions=["snap", "full"],
+        actions=["snap", "recent", "full"],
         control="full",
         half_width=0.02,
         configured_K=16,
         configured_docs=60,
     )
-    (entry,) = plan["plans"]
-    assert entry["c_doc"] == pytest.approx(2.0) and entry["c_rep"] == pytest.approx(0.05)
+    assert [e["action"] for e in plan["plans"]] == ["snap", "recent"]
+    entry = plan["plans"][0]
+    assert entry["c_doc"] == pytest.approx(0.0, abs=1e-9)
+    assert entry["c_rep"] == pytest.approx(3 * c_row)
     assert entry["half_width"] <= 0.02
-    expected_k = math.sqrt(2.0 * entry["sigma_within2"] / (0.05 * entry["sigma_between2"]))
-    assert entry["K_continuous"] == pytest.approx(expected_k)
-    assert expected_k / 2 <= entry["K"] <= 2 * expected_k  # integer n shifts the optimum
+    assert entry["K"] == 1  # documents cost nothing of their own: one replicate each
     assert entry["configured"]["K"] == 16
-    del benchmarks[("m", "full", "s2")]
-    with pytest.raises(AnalysisInputError, match=r"no rollout benchmark for \('m', 'full', 's2'\)"):
+    assert entry["configured"]["cost_seconds"] == pytest.approx(60 * 16 * 3 * c_row)
+    del benchmarks[("m", "s2")]
+    with pytest.raises(AnalysisInputError, match=r"no rollout benchmark for \('m', 's2'\)"):
         study_plan(stats, benchmarks, actions=["snap", "full"], control="full")
 
 

@@ -46,13 +46,10 @@ def test_analysis_rules_on_synthetic_trajectories(tmp_path):
             control=study["control"],
             control_K=study["K_control"],
         )
-        for action in study["actions"]:
-            for stratum in strata:
-                bench = (
-                    tmp_path / f"results/benchmarks/rollout/study1/{model}/{action}/{stratum}.tsv"
-                )
-                bench.parent.mkdir(parents=True, exist_ok=True)
-                bench.write_text(HEADER + f"{2.0 + len(action)}\t0:00:02\t1\t1\t1\t1\t0\t0\t1\t1\n")
+        for i, stratum in enumerate(strata):  # one rollout job per (model, stratum)
+            bench = tmp_path / f"results/benchmarks/rollout/study1/{model}/{stratum}.tsv"
+            bench.parent.mkdir(parents=True, exist_ok=True)
+            bench.write_text(HEADER + f"{20.0 + i}\t0:00:20\t1\t1\t1\t1\t0\t0\t1\t1\n")
     targets = [
         "results/study1/tables/estimands.csv",
         "results/study1/tables/prediction.csv",

@@ -132,10 +132,9 @@ rule plan_sample_sizes:
             "results/{study}/{model}/document_stats.parquet", study=w.study, model=config["models"]
         ),
         benchmarks=lambda w: expand(
-            "results/benchmarks/rollout/{study}/{model}/{action}/{stratum}.tsv",
+            "results/benchmarks/rollout/{study}/{model}/{stratum}.tsv",
             study=w.study,
             model=config["models"],
-            action=config["studies"][w.study]["actions"],
             stratum=[s.name for s in DATASETS.strata],
         ),
     output:

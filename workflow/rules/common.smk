@@ -126,7 +126,7 @@ def rollout_model_input(wildcards):
 
 def rollout_trajectories(study):
     """The study's trajectory files by action (DESIGN §3.2), with {model} and {stratum} left as
-    wildcards: the outputs of its rule rollout_<study> (one job per model and stratum)."""
+    wildcards: the outputs of rollout_<study>, one job per model and stratum."""
     return {
         action: f"results/{study}/{{model}}/trajectories/{action}/{{stratum}}.parquet"
         for action in config["studies"][study]["actions"]

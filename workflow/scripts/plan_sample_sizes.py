@@ -16,7 +16,7 @@ study = p.study
 stats = {
     m: read_document_stats(path)[0] for m, path in zip(p.models, snakemake.input.stats, strict=True)
 }
-keys = list(product(p.models, study["actions"], p.strata))
+keys = list(product(p.models, p.strata))  # one rollout job per (model, stratum), all actions
 benchmarks = dict(zip(keys, snakemake.input.benchmarks, strict=True))
 eval_docs = {
     m: int(f.filter(cohort=study.get("cohort", snakemake.wildcards.study))["doc_id"].n_unique())

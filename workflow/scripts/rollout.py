@@ -1,4 +1,5 @@
-"""Rule rollout: coupled rollouts of a stratum's documents under one action (DESIGN §3.2, §4)."""
+"""Rule rollout_<study>: coupled rollouts of a stratum's documents under every action of the
+study, one trajectory file per action (DESIGN §3.2, §4)."""
 
 import logging
 import sys
@@ -12,15 +13,15 @@ transformers.utils.logging.disable_progress_bar()  # weight-loading bars; tqdm p
 
 import torch  # noqa: E402
 
-from kvdiverge.engine import run_rollout_job  # noqa: E402
+from kvdiverge.engine import run_stratum_rollout_job  # noqa: E402
 
 torch.set_num_threads(snakemake.threads)
 params = snakemake.params
-run_rollout_job(
+run_stratum_rollout_job(
     documents_path=snakemake.input.documents,
-    out_path=snakemake.output[0],
+    out_paths=dict(snakemake.output.items()),
     model=params.model,
-    action=params.action,
+    actions=params.actions,
     cohorts=params.cohorts,
     H=params.H,
     seed=params.seed,

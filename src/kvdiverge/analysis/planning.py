@@ -10,9 +10,16 @@ prefill and selection, then K decoded replicates).
 Variances come from the development cohort's document statistics (method of moments:
 σ_w² from D_H and D_H² within documents, σ_b² = within-stratum variance of document means minus
 σ_w²/K_dev, clipped at 0). Costs come from the rollout ``benchmark:`` TSVs (Snakemake's ``s``
-column): each (model, stratum) gives one equation per job, seconds = docs·c_doc + paths·c_rep,
-for every action and the full-retention control, whose documents run with K_control replicates;
-the non-negative least-squares solution separates c_doc from c_rep.
+column). One rollout job runs every action of a study for one (model, stratum) (one model load,
+one prefill per document), so its seconds are first attributed to the actions in proportion to
+the rows each decodes, paths × rows per replicate (:func:`attribute_job_seconds`): 3 for an
+evicting action (X, Y, Z; DESIGN §4) and 1 for the full-retention control (Q = P: only its X
+rows run). Each (model, stratum) then gives one equation per action,
+seconds = docs·c_doc + paths·c_rep, for the action and the control (whose documents run with
+K_control replicates; its paths counted in the action's rows, paths·1/3); the non-negative
+least-squares solution gives c_doc and c_rep. The proportional attribution charges the shared
+per-document work (model load, prefill, selection) per decoded row, so c_doc comes out near 0
+unless the cost per row differs between strata: c_rep is then the job's cost per replicate.
 
 The plan minimizes n·(c_doc + K·c_rep) subject to z·sqrt(V(n, K)) ≤ half_width, with n a
 multiple of the number of strata (equal documents per stratum), by exhaustive search over
@@ -34,6 +41,7 @@ from scipy.stats import norm
 from kvdiverge.analysis.document_stats import AnalysisInputError
 
 __all__ = [
+    "attribute_job_seconds",
     "cost_per_unit",
     "optimal_design",
     "read_benchmark_seconds",
@@ -51,6 +59,21 @@ def read_benchmark_seconds(path: str | os.PathLike) -> float:
     if "s" not in frame.columns or frame.height == 0:
         raise AnalysisInputError(f"{path}: benchmark TSV lacks the seconds column 's'")
     return float(frame["s"].cast(pl.Float64).mean())
+
+
+def attribute_job_seconds(
+    seconds: float, paths: Mapping[str, float], rows: Mapping[str, float]
+) -> dict[str, float]:
+    """Split a multi-action rollout job's seconds among its actions (module docstring).
+
+    Action a gets ``seconds · paths[a]·rows[a] / Σ_b paths[b]·rows[b]``: its share of the
+    decoded rows (replicate paths × rows per replicate). The shares sum to ``seconds``.
+    """
+    weights = {a: float(paths[a]) * float(rows[a]) for a in paths}
+    total = sum(weights.values())
+    if total <= 0:
+        raise AnalysisInputError(f"planning: a rollout job with no decoded rows ({weights})")
+    return {a: seconds * w / total for a, w in weights.items()}
 
 
 def variance_components(stats: pl.DataFrame, action: str, where: str = "document stats") -> dict:
@@ -139,7 +162,7 @@ def optimal_design(
 
 def study_plan(
     stats: Mapping[str, pl.DataFrame],
-    benchmarks: Mapping[tuple[str, str, str], str | os.PathLike],
+    benchmarks: Mapping[tuple[str, str], str | os.PathLike],
     *,
     actions: Sequence[str],
     control: str,
@@ -154,11 +177,13 @@ def study_plan(
     """The sample-size plan of a study (module docstring), as a JSON-ready dict.
 
     ``stats[model]``: that model's document statistics (every cohort: job sizes count all the
-    documents a rollout job ran); ``benchmarks[(model, action, stratum)]``: rollout benchmark
-    TSVs, the control's included. Per model and non-control action: σ_b², σ_w², c_doc, c_rep,
-    the least-cost K and document count for ``half_width`` on R_SMC, and, when the configured
-    K and document count are given, their half-width and cost for comparison.
+    documents a rollout job ran); ``benchmarks[(model, stratum)]``: the benchmark TSV of the
+    rollout job that ran all of the study's ``actions`` (the control's included) for that model
+    and stratum. Per model and non-control action: σ_b², σ_w², c_doc, c_rep, the least-cost K
+    and document count for ``half_width`` on R_SMC, and, when the configured K and document
+    count are given, their half-width and cost for comparison.
     """
+    rows = {a: 1 if a == control else 3 for a in actions}
     plans = []
     for model, frame in stats.items():
         jobs = frame.group_by("action", "stratum").agg(docs=pl.len(), paths=pl.col("n_paths").sum())
@@ -167,27 +192,31 @@ def study_plan(
         dev = frame.filter(pl.col("cohort") == dev_cohort)
         if dev.height == 0:
             raise AnalysisInputError(f"planning: model {model!r} has no {dev_cohort!r} documents")
+        attributed = {}
+        for stratum in strata:
+            if (model, stratum) not in benchmarks:
+                raise AnalysisInputError(f"planning: no rollout benchmark for {(model, stratum)}")
+            missing = [a for a in actions if (a, stratum) not in sizes]
+            if missing:
+                raise AnalysisInputError(
+                    f"planning: no document statistics for {missing[0]!r} in {stratum!r}"
+                )
+            seconds = read_benchmark_seconds(benchmarks[(model, stratum)])
+            paths = {a: sizes[(a, stratum)]["paths"] for a in actions}
+            for a, share in attribute_job_seconds(seconds, paths, rows).items():
+                attributed[(a, stratum)] = share
         for action in actions:
             if action == control:
                 continue
-            equations = []
-            for act in (action, control):
-                for stratum in strata:
-                    key = (model, act, stratum)
-                    if key not in benchmarks:
-                        raise AnalysisInputError(f"planning: no rollout benchmark for {key}")
-                    if (act, stratum) not in sizes:
-                        raise AnalysisInputError(
-                            f"planning: no document statistics for {act!r} in {stratum!r}"
-                        )
-                    size = sizes[(act, stratum)]
-                    equations.append(
-                        {
-                            "seconds": read_benchmark_seconds(benchmarks[key]),
-                            "docs": size["docs"],
-                            "paths": size["paths"],
-                        }
-                    )
+            equations = [  # the control's paths in the action's row units
+                {
+                    "seconds": attributed[(act, stratum)],
+                    "docs": sizes[(act, stratum)]["docs"],
+                    "paths": sizes[(act, stratum)]["paths"] * rows[act] / rows[action],
+                }
+                for act in (action, control)
+                for stratum in strata
+            ]
             cost = cost_per_unit(equations)
             var = variance_components(dev, action, where=f"model {model!r} development cohort")
             design = optimal_design(
