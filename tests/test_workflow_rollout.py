@@ -1,4 +1,4 @@
-"""End to end: rules build_demo_model and rollout (DESIGN §2, §3.2; README "Rollout engine")."""
+"""End to end: rules build_demo_model and rollout_<study> (DESIGN §2, §3.2; README)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pytest
 import yaml
@@ -54,29 +53,36 @@ def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_rollout_rule_writes_trajectories(tmp_path):
+def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
     work = _workdir(tmp_path)
     override = tmp_path / "small.yaml"
     override.write_text(yaml.safe_dump(SMALL))
-    targets = {
-        ("study1", "tiny-llama", "snapkv-half"),
-        ("study1", "tiny-llama", "full"),
-        ("study2", "tiny-qwen", "recent-90"),
+    jobs = {("study1", "tiny-llama"), ("study2", "tiny-qwen")}
+    paths = {
+        (study, model, action): f"results/{study}/{model}/trajectories/{action}/ruler-1024.parquet"
+        for study, model in jobs
+        for action in SMALL["studies"][study]["actions"]
     }
-    paths = {t: f"results/{t[0]}/{t[1]}/trajectories/{t[2]}/ruler-1024.parquet" for t in targets}
     # The fixture stands in for materialize_documents' output (another stage's rule).
     res = _snakemake(
         work,
         *paths.values(),
         "--allowed-rules",
         "build_demo_model",
-        "rollout",
+        "rollout_study1",
+        "rollout_study2",
         "--configfile",
         str(override),
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert (work / "data/models/tiny-llama/model.safetensors").exists()
     assert (work / "data/models/tiny-qwen/tokenizer.json").exists()
+    # one job per (study, model, stratum): one log and one benchmark each
+    for study, model in jobs:
+        log = work / f"logs/rollout/{study}/{model}/ruler-1024.log"
+        assert "doc" in log.read_text()  # tqdm progress per document
+        assert (work / f"results/benchmarks/rollout/{study}/{model}/ruler-1024.tsv").exists()
+    assert len(list((work / "logs" / "rollout").rglob("*.log"))) == len(jobs)
 
     frames = {t: read_trajectories(work / p) for t, p in paths.items()}
     docs = pl.read_parquet(FIXTURE)
@@ -87,34 +93,37 @@ def test_rollout_rule_writes_trajectories(tmp_path):
         assert meta["model"]["name"] == model and meta["dtype"] == "float32"
         spec = SMALL["studies"][study]
         if action == "full":
-            expected = {"dev": 2, study: 2}  # K_control (default 2)
+            expected = {"dev": spec.get("K_control", 2), study: spec.get("K_control", 2)}
         else:
             expected = {"dev": spec["K_dev"], study: spec["K"]}
         assert meta["K"] == expected
         per_doc = frame.group_by("doc_id").agg(pl.col("replicate").n_unique().alias("K"))
         wanted = docs.filter(pl.col("cohort").is_in(list(expected)))
         assert sorted(per_doc["doc_id"]) == sorted(wanted["doc_id"])
+        assert meta["n_documents"] == wanted.height
         for doc_id, cohort in zip(wanted["doc_id"], wanted["cohort"], strict=True):
             assert per_doc.filter(pl.col("doc_id") == doc_id)["K"].item() == expected[cohort]
         assert frame.height == per_doc["K"].sum() * 10
         assert (frame.filter(pl.col("t") == 1)["tv_rollout"] == 0).all()  # δ_1 = 0
         assert (frame["n_kept"] <= frame["n_prompt"]).all()
-        log = work / f"logs/rollout/{study}/{model}/{action}/ruler-1024.log"
-        assert "doc" in log.read_text()  # tqdm progress per document
-        bench = work / f"results/benchmarks/rollout/{study}/{model}/{action}/ruler-1024.tsv"
-        assert bench.exists()
+        if action == "full":
+            assert (frame["tv_rollout"] == 0).all() and (frame["tv_fixed"] == 0).all()
+            assert (frame["x_token"] == frame["y_token"]).all()
+            assert (frame["n_kept"] == frame["n_prompt"]).all()
 
-    full = frames[("study1", "tiny-llama", "full")]
-    assert (full["tv_rollout"] == 0).all() and (full["tv_fixed"] == 0).all()
-    assert (full["x_token"] == full["y_token"]).all()
-    assert (full["n_kept"] == full["n_prompt"]).all()
     snap = frames[("study1", "tiny-llama", "snapkv-half")]
     assert (snap["n_kept"] == snap["n_prompt"] // 2).all()
     assert snap["mismatch"].any()
-    # the same reference X in every action's job, path by path (common random numbers)
-    joined = full.join(snap, on=["doc_id", "replicate", "t"], suffix="_snap")
-    assert joined.height == full.height
-    assert np.array_equal(joined["x_token"].to_numpy(), joined["x_token_snap"].to_numpy())
+    recent90 = frames[("study2", "tiny-qwen", "recent-90")]
+    assert (recent90["n_kept"] == recent90["n_prompt"] * 9 // 10).all()
+    # the same reference X for every action of a study, path by path (common random numbers)
+    for study, model in jobs:
+        actions = SMALL["studies"][study]["actions"]
+        full = frames[(study, model, "full")]
+        for action in actions:
+            joined = full.join(frames[(study, model, action)], on=["doc_id", "replicate", "t"])
+            assert joined.height == full.height
+            assert (joined["x_token"] == joined["x_token_right"]).all()
 
 
 @pytest.mark.slow
