@@ -17,7 +17,7 @@ def finite_state_study_settings():
 
 
 def final_outputs():
-    """Every file `rule all` builds: the finite-state study, figure 1, and for every study its
+    """Every file `rule all` builds — the finite-state study, figure 1, and for every study its
     estimands, prediction, sample-size plan, figures and tables (through every upstream job)."""
     out = [
         "results/finite_state/systems.csv",
