@@ -418,6 +418,11 @@ def test_multi_action_job_files_equal_single_action_jobs_bit_for_bit(demo_path, 
     ]
     same_x = [s.equals(shared[0]) for s in shared[1:]]
     assert all(same_x) if coupling == "shared-reference" else not any(same_x)
+    with pytest.raises(ValueError, match="actions.full: the spec is named 'recent-half'"):
+        bad = {**STUDY_ACTIONS, "full": STUDY_ACTIONS["recent-half"]}
+        run_stratum_rollout_job(FIXTURE, multi, model, bad, STUDY_COHORTS, **settings)
+    with pytest.raises(ValueError, match="out_paths: expected one entry per action"):
+        run_stratum_rollout_job(FIXTURE, {}, model, STUDY_ACTIONS, STUDY_COHORTS, **settings)
 
 
 def test_reference_groups_and_batches_of_a_multi_action_document(demo, monkeypatch):

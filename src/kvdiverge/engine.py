@@ -863,9 +863,10 @@ def run_stratum_rollout_job(
 
     if coupling not in COUPLING_MODES:
         raise ValueError(f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {coupling!r}")
-    specs = {
-        name: parse_action(spec, name=spec.get("name", name)) for name, spec in actions.items()
-    }
+    for name, spec in actions.items():
+        if spec.get("name", name) != name:
+            raise ValueError(f"actions.{name}: the spec is named {spec['name']!r}")
+    specs = {name: parse_action(spec, name=name) for name, spec in actions.items()}
     for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
         if set(given) != set(specs):
             raise ValueError(
@@ -874,7 +875,7 @@ def run_stratum_rollout_job(
             )
     documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
     if not documents:
-        log.warning("%s: no documents of the jobs' cohorts", documents_path)
+        log.warning("%s: no documents of the job's cohorts", documents_path)
     lm, tokenizer = _load(model, device)
     eos = eos_token_ids(lm, tokenizer)
     log.info(
