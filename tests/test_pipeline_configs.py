@@ -1,0 +1,98 @@
+"""The paper configuration and the SLURM profile, resolved by dry runs (issue 6).
+
+configs/paper.yaml differs from config.yaml only in values; its models are replaced here by
+stand-in local paths (nothing is downloaded: a dry run loads no model).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from workflow_helpers import ROOT, planned_jobs, run_snakemake, workflow_copy
+
+PAPER = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
+
+
+def _stand_in_models(tmp_path):
+    models = {}
+    for name, spec in PAPER["models"].items():
+        folder = tmp_path / "stand-in" / name
+        folder.mkdir(parents=True)
+        models[name] = {**spec, "path": str(folder)}
+    override = tmp_path / "stand-in.yaml"
+    override.write_text(yaml.safe_dump({"models": models}))
+    return override
+
+
+def _expected_jobs() -> dict[str, int]:
+    """Jobs of a full paper run, from the study design (SPEC §5): 6 strata, 2 models, 2 studies."""
+    strata, models, studies = 6, 2, ["study1", "study2"]
+    assert len(PAPER["datasets"]["strata"]) == strata and len(PAPER["models"]) == models
+    return {
+        "materialize_documents": strata,
+        **{f"rollout_{study}": models * strata for study in studies},
+        "document_stats": len(studies) * models,
+        "estimands": len(studies),
+        "prediction": 1,
+        "plan_sample_sizes": len(studies),
+        "study_figures": len(studies),
+        "study_branch_figure": 1,
+        "study_tables": len(studies),
+        "introductory_figure": 1,
+        "finite_state_systems": 1,
+        "finite_state_figures": 1,
+        "all": 1,
+    }
+
+
+@pytest.mark.slow
+def test_paper_config_dry_run_lists_every_job(tmp_path):
+    work = workflow_copy(tmp_path)
+    override = _stand_in_models(tmp_path)
+    res = run_snakemake(
+        work,
+        "-n",
+        "--replace-workflow-config",
+        "--configfile",
+        "configs/paper.yaml",
+        str(override),
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert planned_jobs(res) == _expected_jobs()
+
+
+@pytest.mark.slow
+def test_slurm_profile_dry_run_resolves_gpu_resources(tmp_path):
+    work = workflow_copy(tmp_path)
+    override = _stand_in_models(tmp_path)
+    res = run_snakemake(
+        work,
+        "-n",
+        "--workflow-profile",
+        "profiles/slurm",
+        "--replace-workflow-config",
+        "--configfile",
+        "configs/paper.yaml",
+        str(override),
+    )
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-3000:]
+    assert planned_jobs(res) == _expected_jobs()
+    blocks = re.split(r"\n(?=rule |localrule )", text)
+    rollouts = [b for b in blocks if b.startswith("rule rollout_")]
+    assert len(rollouts) == sum(v for k, v in _expected_jobs().items() if k.startswith("rollout"))
+    profile = yaml.safe_load((ROOT / "profiles/slurm/config.v8+.yaml").read_text())
+    for block in rollouts:
+        rule = re.match(r"rule (\S+):", block).group(1)
+        wanted = profile["set-resources"][rule]
+        resources = re.search(r"resources: (.*)", block).group(1)
+        hours = re.fullmatch(r"(\d+)h", str(wanted["runtime"]))
+        runtime = int(hours.group(1)) * 60 if hours else int(wanted["runtime"])
+        assert f"runtime={runtime}" in resources, resources
+        for key in ("slurm_partition", "gpu", "gpu_model", "cpus_per_gpu", "mem_mb"):
+            assert f"{key}={wanted[key]}" in resources, (key, resources)
+        assert wanted["gpu"] >= 1
+    others = [b for b in blocks if b.startswith("rule document_stats")]
+    assert others and all("gpu=1" not in b for b in others)
