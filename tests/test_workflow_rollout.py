@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 import yaml
+from workflow_helpers import ROOT, run_snakemake, workflow_copy
 
 from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
 
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
 SMALL = {
     "rollout": {"H": 10},
@@ -27,29 +24,15 @@ SMALL = {
 
 
 def _workdir(tmp_path: Path) -> Path:
-    work = tmp_path / "wf"
-    work.mkdir()
-    shutil.copy(ROOT / "Snakefile", work / "Snakefile")
-    for folder in ("workflow", "envs"):
-        shutil.copytree(ROOT / folder, work / folder)
-    if (ROOT / "data" / "fixtures").is_dir():
-        shutil.copytree(ROOT / "data" / "fixtures", work / "data" / "fixtures")
-    shutil.copy(ROOT / "config.yaml", work / "config.yaml")
+    """A copy of the workflow (tests/workflow_helpers.py) with the fixture stratum's documents."""
+    work = workflow_copy(tmp_path)
     (work / "data" / "documents").mkdir(parents=True)
     shutil.copy(FIXTURE, work / "data" / "documents" / "ruler-1024.parquet")
     return work
 
 
 def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run(
-        [SNAKEMAKE, "--cores", "2", "--workflow-profile", "none", *args],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    return run_snakemake(work, *args, timeout=600)
 
 
 @pytest.mark.slow
