@@ -10,15 +10,13 @@ import pytest
 
 from kvdiverge.analysis.document_stats import AnalysisInputError
 from kvdiverge.analysis.planning import (
-    attribute_job_seconds,
-    cost_per_unit,
+    cost_from_timing,
     optimal_design,
-    read_benchmark_seconds,
+    read_timing,
     study_plan,
     variance_components,
 )
-
-BENCH_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+from kvdiverge.trajectories import TRAJECTORY_SCHEMA, write_trajectories
 
 
 def _dev_stats(sigma_b: float, sigma_w: float, n_docs: int, K: int, seed: int) -> pl.DataFrame:
@@ -51,14 +49,18 @@ def test_variance_components_recover_known_values():
         variance_components(stats, "other")
 
 
-def test_cost_per_unit_solves_the_job_equations():
-    c_doc, c_rep = 3.5, 0.25
-    jobs = [
-        {"docs": d, "paths": p, "seconds": d * c_doc + p * c_rep}
-        for d, p in ((10, 320), (10, 20), (12, 400))
-    ]
-    got = cost_per_unit(jobs)
-    assert got["c_doc"] == pytest.approx(c_doc) and got["c_rep"] == pytest.approx(c_rep)
+def test_cost_from_timing_divides_summed_seconds_by_documents_and_paths():
+    timings = [
+        {"documents": 10, "paths": 320, "prefill_seconds": 30.0, "selection_seconds": 5.0,
+         "decode_seconds": 80.0},
+        {"documents": 12, "paths": 400, "prefill_seconds": 40.0, "selection_seconds": 2.0,
+         "decode_seconds": 100.0},
+    ]  # fmt: skip
+    got = cost_from_timing(timings)
+    assert got["c_doc"] == pytest.approx((30 + 5 + 40 + 2) / 22)
+    assert got["c_rep"] == pytest.approx(180 / 720)
+    with pytest.raises(AnalysisInputError, match="no documents or no paths"):
+        cost_from_timing([{**timings[0], "documents": 0}])
 
 
 def _brute_force(sb2, sw2, c_doc, c_rep, hw, z, n_strata, max_k=300):
@@ -83,64 +85,94 @@ def test_optimal_design_is_least_cost_and_reaches_the_target(sb2, sw2, c_doc, c_
     assert design["cost_seconds"] <= brute + 1e-9
 
 
-def _bench(path, seconds):
-    path.write_text(BENCH_HEADER + f"{seconds}\t0:00:01\t100\t1\t1\t1\t0\t0\t50\t{seconds}\n")
+def _trajectory_file(path, timing: dict | None) -> None:
+    """An (empty) trajectory file whose metadata carries ``timing`` (None: no such key)."""
+    meta = {
+        "model": "m", "revision": None, "action": {"name": "a"}, "H": 4, "K": 2, "seed": 0,
+        "coupling": "shared-reference", "dtype": "float32", "device": "cpu",
+    }  # fmt: skip
+    if timing is not None:
+        meta["timing"] = timing
+    write_trajectories(pl.DataFrame(schema=TRAJECTORY_SCHEMA), path, meta)
 
 
-def test_attribute_job_seconds_splits_by_paths_times_rows():
-    paths = {"snap": 40, "recent": 40, "full": 20}
-    rows = {"snap": 3, "recent": 3, "full": 1}
-    shares = attribute_job_seconds(26.0, paths, rows)
-    assert shares == pytest.approx({"snap": 12.0, "recent": 12.0, "full": 2.0})
-    assert sum(shares.values()) == pytest.approx(26.0)
-    with pytest.raises(AnalysisInputError, match="no decoded rows"):
-        attribute_job_seconds(1.0, {"full": 0}, {"full": 1})
-
-
-def test_study_plan_reads_job_benchmarks_and_compares_the_configured_design(tmp_path):
-    """One benchmark per (model, stratum) job running every action; its seconds are the rows
-    decoded × one per-row cost, so c_doc = 0 and c_rep = 3 × that cost (X, Y, Z rows)."""
-    dev = _dev_stats(0.1, 0.3, 60, 16, 1)
+def _study_stats(sigma_b: float, sigma_w: float) -> dict[str, pl.DataFrame]:
+    dev = _dev_stats(sigma_b, sigma_w, 60, 16, 1)
     evaluation = dev.with_columns(
         cohort=pl.lit("study1"), doc_id=pl.col("doc_id").str.replace("/dev/", "/study1/")
     )
     snap = pl.concat([dev, evaluation])
     control = snap.with_columns(action=pl.lit("full"), n_paths=pl.lit(2, dtype=pl.Int64))
-    recent = snap.with_columns(action=pl.lit("recent"))
-    stats = {"m": pl.concat([snap, recent, control])}
-    rows = {"snap": 3, "recent": 3, "full": 1}
-    c_row = 0.02
-    benchmarks = {}
-    for (stratum,), frame in stats["m"].group_by("stratum"):
-        paths = frame.group_by("action").agg(pl.col("n_paths").sum())
-        seconds = sum(c_row * rows[a] * p for a, p in paths.iter_rows())
-        path = tmp_path / f"{stratum}.tsv"
-        _bench(path, seconds)
-        benchmarks[("m", stratum)] = path
+    return {"m": pl.concat([snap, snap.with_columns(action=pl.lit("recent")), control])}
+
+
+def _timing_files(tmp_path, stats, c_doc: float, c_rep: dict[str, float]) -> dict:
+    """One file per (model, action, stratum) with seconds = docs·c_doc, paths·c_rep[action]."""
+    files = {}
+    for (action, stratum), frame in stats["m"].group_by("action", "stratum"):
+        docs, paths = frame.height, int(frame["n_paths"].sum())
+        timing = {
+            "documents": docs,
+            "paths": paths,
+            "prefill_seconds": 0.75 * docs * c_doc,
+            "selection_seconds": 0.25 * docs * c_doc,
+            "decode_seconds": paths * c_rep[action],
+        }
+        files[("m", action, stratum)] = tmp_path / f"{action}-{stratum}.parquet"
+        _trajectory_file(files[("m", action, stratum)], timing)
+    return files
+
+
+def test_study_plan_reads_costs_from_trajectory_timing(tmp_path):
+    """c_doc and c_rep come from each action's own timing metadata; with documents expensive
+    and replicates cheap (c_doc·σ_w² ≫ c_rep·σ_b²) the plan runs many replicates per document,
+    near the continuous optimum K* = sqrt(c_doc σ_w² / (c_rep σ_b²))."""
+    stats = _study_stats(sigma_b=0.05, sigma_w=0.3)
+    c_doc, c_rep = 20.0, {"snap": 0.05, "recent": 0.02, "full": 0.01}
+    files = _timing_files(tmp_path, stats, c_doc, c_rep)
     plan = study_plan(
         stats,
-        benchmarks,
+        files,
         actions=["snap", "recent", "full"],
         control="full",
-        half_width=0.02,
+        half_width=0.01,
         configured_K=16,
         configured_docs=60,
     )
     assert [e["action"] for e in plan["plans"]] == ["snap", "recent"]
-    entry = plan["plans"][0]
-    assert entry["c_doc"] == pytest.approx(0.0, abs=1e-9)
-    assert entry["c_rep"] == pytest.approx(3 * c_row)
-    assert entry["half_width"] <= 0.02
-    assert entry["K"] == 1  # documents cost nothing of their own: one replicate each
-    assert entry["configured"]["K"] == 16
-    assert entry["configured"]["cost_seconds"] == pytest.approx(60 * 16 * 3 * c_row)
-    del benchmarks[("m", "s2")]
-    with pytest.raises(AnalysisInputError, match=r"no rollout benchmark for \('m', 's2'\)"):
-        study_plan(stats, benchmarks, actions=["snap", "full"], control="full")
+    for entry in plan["plans"]:
+        assert entry["c_doc"] == pytest.approx(c_doc)
+        assert entry["c_rep"] == pytest.approx(c_rep[entry["action"]])
+        ratio = c_doc * entry["sigma_within2"] / (c_rep[entry["action"]] * entry["sigma_between2"])
+        assert ratio > 100
+        assert entry["K_continuous"] == pytest.approx(math.sqrt(ratio))
+        assert entry["K"] > 1
+        assert entry["half_width"] <= 0.01
+        assert entry["configured"]["cost_seconds"] == pytest.approx(
+            60 * (c_doc + 16 * c_rep[entry["action"]])
+        )
+    del files[("m", "recent", "s2")]
+    with pytest.raises(AnalysisInputError, match=r"no trajectory file for \('m', 'recent', 's2'\)"):
+        study_plan(stats, files, actions=["recent", "full"], control="full")
 
 
-def test_benchmark_without_seconds_is_an_error(tmp_path):
-    path = tmp_path / "b.tsv"
-    path.write_text("h:m:s\tmax_rss\n0:00:01\t3\n")
-    with pytest.raises(AnalysisInputError, match=r"b\.tsv: benchmark TSV lacks the seconds"):
-        read_benchmark_seconds(path)
+def test_cheap_documents_give_one_replicate(tmp_path):
+    """The reverse regime: documents cost nothing of their own, so K = 1 is least cost."""
+    stats = _study_stats(sigma_b=0.1, sigma_w=0.3)
+    files = _timing_files(tmp_path, stats, 0.0, {"snap": 0.05, "recent": 0.05, "full": 0.01})
+    plan = study_plan(stats, files, actions=["snap", "full"], control="full", half_width=0.02)
+    assert plan["plans"][0]["c_doc"] == 0 and plan["plans"][0]["K"] == 1
+
+
+def test_trajectory_file_without_timing_is_an_error(tmp_path):
+    _trajectory_file(tmp_path / "old.parquet", None)
+    with pytest.raises(
+        AnalysisInputError, match=r"old\.parquet: trajectory metadata lacks 'timing'"
+    ):
+        read_timing(tmp_path / "old.parquet")
+    _trajectory_file(tmp_path / "part.parquet", {"documents": 3, "paths": 6})
+    with pytest.raises(AnalysisInputError, match=r"part\.parquet: timing lacks numeric field"):
+        read_timing(tmp_path / "part.parquet")
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(AnalysisInputError, match=r"junk\.parquet: not a readable Parquet"):
+        read_timing(tmp_path / "junk.parquet")

@@ -15,9 +15,9 @@ import yaml
 
 from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
 from kvdiverge.config import validate_config
+from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata, write_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
 RULES = ["document_stats", "estimands", "prediction", "plan_sample_sizes"]
 
 
@@ -35,7 +35,7 @@ def test_analysis_rules_on_synthetic_trajectories(tmp_path):
     }
     for m, model in enumerate(config["models"]):
         pairs = {s: stratum_pairs(100 * m + i, lambdas) for i, s in enumerate(strata)}
-        write_synthetic_study(
+        files = write_synthetic_study(
             tmp_path,
             "study1",
             model,
@@ -46,10 +46,20 @@ def test_analysis_rules_on_synthetic_trajectories(tmp_path):
             control=study["control"],
             control_K=study["K_control"],
         )
-        for i, stratum in enumerate(strata):  # one rollout job per (model, stratum)
-            bench = tmp_path / f"results/benchmarks/rollout/study1/{model}/{stratum}.tsv"
-            bench.parent.mkdir(parents=True, exist_ok=True)
-            bench.write_text(HEADER + f"{20.0 + i}\t0:00:20\t1\t1\t1\t1\t0\t0\t1\t1\n")
+        for action in study["actions"]:  # the engine's measured seconds (planning's costs)
+            for i, path in enumerate(files[action].values()):
+                frame = read_trajectories(path)
+                paths = frame.select("doc_id", "replicate").unique().height
+                timing = {
+                    "documents": frame["doc_id"].n_unique(),
+                    "paths": paths,
+                    "prefill_seconds": 2.0 + i,
+                    "selection_seconds": 0.5,
+                    "decode_seconds": 0.01 * paths,
+                }
+                write_trajectories(
+                    frame, path, {**read_trajectory_metadata(path), "timing": timing}
+                )
     targets = [
         "results/study1/tables/estimands.csv",
         "results/study1/tables/prediction.csv",
@@ -88,6 +98,7 @@ def test_analysis_rules_on_synthetic_trajectories(tmp_path):
     assert set(prediction["observation"]) == {"positions_1_32", "fixed_history", "uncalibrated"}
     plan = json.loads((tmp_path / targets[2]).read_text())
     assert len(plan["plans"]) == len(config["models"]) * (len(study["actions"]) - 1)
+    assert all(e["c_doc"] > 0 and e["c_rep"] == pytest.approx(0.01) for e in plan["plans"])
     for rule in RULES:
         assert any((tmp_path / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
         assert any((tmp_path / "logs" / "analysis" / rule).rglob("*.log")), rule

@@ -13,6 +13,7 @@ import transformers
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import kvdiverge.engine as engine
+from kvdiverge.analysis.planning import cost_from_timing, read_timing
 from kvdiverge.coupling import maximal_coupling_joint
 from kvdiverge.engine import (
     reference_groups,
@@ -407,7 +408,13 @@ def test_multi_action_job_files_equal_single_action_jobs_bit_for_bit(demo_path, 
         run_rollout_job(FIXTURE, alone, model, action, STUDY_COHORTS[name], **settings)
         frames[name] = read_trajectories(multi[name])
         assert frames[name].equals(read_trajectories(alone)), name
-        assert read_trajectory_metadata(multi[name]) == read_trajectory_metadata(alone)
+        # timing holds measured wall-clock seconds, which differ between any two runs
+        meta_multi, meta_alone = (
+            read_trajectory_metadata(multi[name]),
+            read_trajectory_metadata(alone),
+        )
+        assert meta_multi.pop("timing").keys() == meta_alone.pop("timing").keys()
+        assert meta_multi == meta_alone
         assert frames[name].height == (2 * 2 + 3 * STUDY_COHORTS[name]["study1"]) * 8
     assert frames["snapkv-half"]["mismatch"].any()
     full = frames["full"]
@@ -456,3 +463,27 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, monkeypat
     assert np.array_equal(out["full"].x_token, out["snapkv-half"].x_token[:2])
     with pytest.raises(ValueError, match="no replicate count for action.s. recent-half, full"):
         rollout_document_actions(model, ids, specs, "d", {"snapkv-half": 1}, 4, 1, eos)
+
+
+def test_rollout_job_records_measured_timing_in_metadata(demo_path, tmp_path):
+    """Each trajectory file carries the action's measured prefill, selection and decode
+    seconds with its document and path counts (the cost model of SPEC §5 planning)."""
+    model = {"name": "demo", "path": str(demo_path)}
+    actions = {name: STUDY_ACTIONS[name] for name in ("snapkv-half", "full")}
+    cohorts = {name: STUDY_COHORTS[name] for name in actions}
+    out = {name: tmp_path / f"{name}.parquet" for name in actions}
+    frames = run_stratum_rollout_job(
+        FIXTURE, out, model, actions, cohorts, H=4, seed=3, device="cpu"
+    )
+    timings = {name: read_trajectory_metadata(path)["timing"] for name, path in out.items()}
+    for name, timing in timings.items():
+        frame = frames[name]
+        assert timing["documents"] == frame["doc_id"].n_unique()
+        assert timing["paths"] == frame.select("doc_id", "replicate").unique().height
+        assert timing["prefill_seconds"] > 0 and timing["decode_seconds"] > 0
+        assert timing["selection_seconds"] >= 0
+    # one prefill per document serves both actions: the same seconds charged to each
+    assert timings["full"]["prefill_seconds"] == timings["snapkv-half"]["prefill_seconds"]
+    # sample-size planning reads its per-document and per-replicate costs from these files
+    cost = cost_from_timing([read_timing(out["snapkv-half"])])
+    assert cost["c_doc"] > 0 and cost["c_rep"] > 0

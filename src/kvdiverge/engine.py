@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,7 @@ __all__ = [
     "DocumentRollout",
     "RowCache",
     "SharedPrefix",
+    "TIMING_KEYS",
     "reference_groups",
     "rollout_document",
     "rollout_document_actions",
@@ -79,6 +81,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ATTENTION_NAME = "kvdiverge_shared_prefix"
+TIMING_KEYS = ("documents", "paths", "prefill_seconds", "selection_seconds", "decode_seconds")
 COUPLING_MODES = ("shared-reference", "independent")
 
 
@@ -295,6 +298,20 @@ class DocumentRollout:
     n_kept: int
     batch_rows: int = 0
     logits: dict[str, np.ndarray] | None = None
+    prefill_seconds: float = 0.0
+    selection_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+
+def _clock(device: torch.device) -> float:
+    """``time.perf_counter()`` once the work queued on ``device`` is done (CUDA is asynchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(iter(model.parameters()), torch.empty(0)).device
 
 
 def _uniforms(
@@ -567,6 +584,14 @@ def rollout_document_actions(
     with ``exact_identity`` (default) Q and the fixed-history Q are P itself, so δ ≡ f ≡ 0 and
     Y ≡ X exactly, and no Y/Z rows run. ``exact_identity=False`` runs its Y/Z rows over the
     gathered full cache; they agree with P to floating-point accuracy.
+
+    Each result also carries wall-clock seconds (``time.perf_counter``, after a CUDA
+    synchronize; they change no value): ``prefill_seconds`` of the document's one prefill (the
+    same for every action, 0 when ``prefill`` is passed in), the action's own
+    ``selection_seconds`` (selection and gather), and ``decode_seconds``: its reference group's
+    decode seconds × the rows per replicate the action would run alone (3: X, Y, Z; 1 for an
+    exact identity) / the rows the group ran (the shared X once), i.e. the decode cost of an
+    evaluation run of the action alone at the group's cost per row.
     """
     _check_rollout_args(coupling, H, eos_ids)
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
@@ -580,20 +605,26 @@ def rollout_document_actions(
         reps = {name: _replicate_indices(replicates[name]) for name in names}
     else:
         reps = {name: _replicate_indices(replicates) for name in names}
+    device = _model_device(model)
+    prefill_seconds = 0.0
     if prefill is None:
         window = max(SELECTORS[a.selector].query_window(a) for a in specs)
+        start = _clock(device)
         prefill = run_prefill(model, input_ids, window)
+        prefill_seconds = _clock(device) - start
     _check_model(model, prefill.n, H)
-    kept = {a.name: select_positions(prefill, a) for a in specs}
-    prefix_full = list(zip(prefill.keys, prefill.values, strict=True))
-    interventions = [
-        _Intervention(
-            None
-            if exact_identity and kept[a.name].shape[-1] == prefill.n
-            else _gather_prefix(prefill, kept[a.name])
+    kept: dict[str, torch.Tensor] = {}
+    interventions: list[_Intervention] = []
+    selection_seconds: dict[str, float] = {}
+    for a in specs:  # selection and gather, timed per action
+        start = _clock(device)
+        kept[a.name] = select_positions(prefill, a)
+        identity = exact_identity and kept[a.name].shape[-1] == prefill.n
+        interventions.append(
+            _Intervention(None if identity else _gather_prefix(prefill, kept[a.name]))
         )
-        for a in specs
-    ]
+        selection_seconds[a.name] = _clock(device) - start
+    prefix_full = list(zip(prefill.keys, prefill.values, strict=True))
     doc_key = document_key(doc_id)
     results: dict[str, DocumentRollout] = {}
     for salt, group_reps, members in reference_groups(specs, reps, coupling):
@@ -613,9 +644,14 @@ def rollout_document_actions(
                 keep_logits,
             )
 
+        start = _clock(device)
         parts, fitted = _rollout_replicates(
             np.asarray(group_reps, dtype=np.int64), run, max_batch_rows
         )
+        group_seconds = _clock(device) - start
+        # rows per replicate: each member's alone (X, or X, Y, Z) and the group's (X shared)
+        alone = {i: 1 if interventions[i].prefix is None else 3 for i in members}
+        group_rows = 1 + sum(r - 1 for r in alone.values())
         for j, i in enumerate(members):
             merged = {name: np.concatenate([p[j][name] for p in parts]) for name in parts[0][j]}
             logits = {n[len("logits_") :]: v for n, v in merged.items() if n.startswith("logits_")}
@@ -632,6 +668,9 @@ def rollout_document_actions(
                 n_kept=int(kept[specs[i].name].shape[-1]),
                 batch_rows=3 * fitted,
                 logits=logits or None,
+                prefill_seconds=prefill_seconds,
+                selection_seconds=selection_seconds[specs[i].name],
+                decode_seconds=group_seconds * alone[i] / group_rows,
             )
     return {name: results[name] for name in names}
 
@@ -713,6 +752,7 @@ def rollout_documents_actions(
     coupling: str = "shared-reference",
     max_batch_rows: int = 192,
     progress: Any = None,
+    timing: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Coupled rollouts of many documents under several actions: one §3.2 table per action.
 
@@ -720,7 +760,10 @@ def rollout_documents_actions(
     mapping does not run it. Each prompt is wrapped by the tokenizer's chat template (SPEC §5)
     and prefilled once for all its actions (:func:`rollout_document_actions`). Each action's
     table lists its documents in the order given. ``progress``: optional tqdm-like object
-    updated once per document.
+    updated once per document. ``timing``: optional dict filled with, per action name, the
+    sums over its documents of ``documents``, ``paths`` and the seconds of
+    :func:`rollout_document_actions` (``prefill_seconds``: each document's shared prefill,
+    counted in full for every action that runs it; ``selection_seconds``; ``decode_seconds``).
     """
     from kvdiverge.models import chat_prompt_ids
 
@@ -741,6 +784,13 @@ def rollout_documents_actions(
                 if result.batch_rows < min(rows, 3 * len(result.replicates)):
                     rows = result.batch_rows  # an out-of-memory split: keep the size that fitted
                 rollouts[name].append(result)
+                if timing is not None:
+                    sums = timing.setdefault(name, dict.fromkeys(TIMING_KEYS, 0))
+                    sums["documents"] += 1
+                    sums["paths"] += len(result.replicates)
+                    sums["prefill_seconds"] += result.prefill_seconds
+                    sums["selection_seconds"] += result.selection_seconds
+                    sums["decode_seconds"] += result.decode_seconds
         if progress is not None:
             progress.update(1)
     return {name: trajectory_frame(results) for name, results in rollouts.items()}
@@ -854,7 +904,10 @@ def run_stratum_rollout_job(
     (:func:`rollout_documents_actions`); every file is bit-identical to the one
     :func:`run_rollout_job` writes for that action alone. ``out_paths``, ``actions`` (spec
     dicts) and ``cohorts`` (cohort → K) are keyed by action name. Inputs are checked before the
-    model loads; progress (one tick per document) goes to ``log_file``.
+    model loads; progress (one tick per document) goes to ``log_file``. Each file's metadata
+    key ``timing`` holds the action's measured seconds (``rollout_documents_actions``'s
+    ``timing``; SPEC §5 sample-size planning reads them): the only part of a file that differs
+    between reruns.
     """
     from tqdm import tqdm
 
@@ -889,6 +942,7 @@ def run_stratum_rollout_job(
         H,
         eos,
     )
+    timing: dict[str, dict[str, float]] = {}
     with tqdm(total=len(documents), file=log_file, unit="doc", mininterval=1.0) as bar:
         frames = rollout_documents_actions(
             lm,
@@ -901,6 +955,7 @@ def run_stratum_rollout_job(
             coupling,
             max_batch_rows,
             progress=bar,
+            timing=timing,
         )
     out = {}
     for name, spec in specs.items():
@@ -917,6 +972,7 @@ def run_stratum_rollout_job(
             "device": str(lm.device),
             "eos_ids": list(eos),
             "n_documents": frame["doc_id"].n_unique(),
+            "timing": timing.get(spec.name, dict.fromkeys(TIMING_KEYS, 0)),
         }
         write_trajectories(frame, out_paths[name], metadata)
         out[name] = frame

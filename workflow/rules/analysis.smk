@@ -131,10 +131,11 @@ rule plan_sample_sizes:
         stats=lambda w: expand(
             "results/{study}/{model}/document_stats.parquet", study=w.study, model=config["models"]
         ),
-        benchmarks=lambda w: expand(
-            "results/benchmarks/rollout/{study}/{model}/{stratum}.tsv",
+        trajectories=lambda w: expand(
+            "results/{study}/{model}/trajectories/{action}/{stratum}.parquet",
             study=w.study,
             model=config["models"],
+            action=config["studies"][w.study]["actions"],
             stratum=[s.name for s in DATASETS.strata],
         ),
     output:
@@ -155,6 +156,7 @@ rule plan_sample_sizes:
         code=fingerprint(
             "kvdiverge.analysis.planning",
             "kvdiverge.analysis.document_stats",
+            "kvdiverge.trajectories",
             "kvdiverge.io",
         ),
     script:

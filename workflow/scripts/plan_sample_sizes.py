@@ -16,15 +16,15 @@ study = p.study
 stats = {
     m: read_document_stats(path)[0] for m, path in zip(p.models, snakemake.input.stats, strict=True)
 }
-keys = list(product(p.models, p.strata))  # one rollout job per (model, stratum), all actions
-benchmarks = dict(zip(keys, snakemake.input.benchmarks, strict=True))
+keys = list(product(p.models, study["actions"], p.strata))  # the order of the rule's expand
+trajectories = dict(zip(keys, snakemake.input.trajectories, strict=True))
 eval_docs = {
     m: int(f.filter(cohort=study.get("cohort", snakemake.wildcards.study))["doc_id"].n_unique())
     for m, f in stats.items()
 }
 plan = study_plan(
     stats,
-    benchmarks,
+    trajectories,
     actions=list(study["actions"]),
     control=study["control"],
     half_width=p.planning["half_width"],

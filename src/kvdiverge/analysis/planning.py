@@ -9,17 +9,20 @@ prefill and selection, then K decoded replicates).
 
 Variances come from the development cohort's document statistics (method of moments:
 σ_w² from D_H and D_H² within documents, σ_b² = within-stratum variance of document means minus
-σ_w²/K_dev, clipped at 0). Costs come from the rollout ``benchmark:`` TSVs (Snakemake's ``s``
-column). One rollout job runs every action of a study for one (model, stratum) (one model load,
-one prefill per document), so its seconds are first attributed to the actions in proportion to
-the rows each decodes, paths × rows per replicate (:func:`attribute_job_seconds`): 3 for an
-evicting action (X, Y, Z; DESIGN §4) and 1 for the full-retention control (Q = P: only its X
-rows run). Each (model, stratum) then gives one equation per action,
-seconds = docs·c_doc + paths·c_rep, for the action and the control (whose documents run with
-K_control replicates; its paths counted in the action's rows, paths·1/3); the non-negative
-least-squares solution gives c_doc and c_rep. The proportional attribution charges the shared
-per-document work (model load, prefill, selection) per decoded row, so c_doc comes out near 0
-unless the cost per row differs between strata: c_rep is then the job's cost per replicate.
+σ_w²/K_dev, clipped at 0). Costs come from the seconds the rollout engine measures where the work
+happens and records in each trajectory file's metadata key ``timing``
+(:func:`kvdiverge.engine.run_stratum_rollout_job`): per action and (model, stratum) job, its
+documents and paths (replicates summed over documents) and the seconds of the documents'
+prefills, of its selection and gather, and of its decoding. Over the action's files (every
+stratum, development and evaluation cohorts alike, as they ran in the same jobs)
+c_doc = Σ(prefill + selection seconds) / Σ documents and c_rep = Σ decode seconds / Σ paths
+(:func:`cost_from_timing`). Attribution: a rollout job runs every action of a study with ONE
+prefill per document; that prefill is charged in full to each action (an evaluation run of the
+action alone would pay it), and the decode seconds of actions sharing a reference stream X are
+split as the rows a solo run would decode (the engine's ``decode_seconds``: X, Y, Z rows, X
+counted once in the shared batch), so c_rep is the cost of one replicate of the action alone.
+Model loading (once per job, not per document or replicate) is left out: it does not change
+the least-cost design.
 
 The plan minimizes n·(c_doc + K·c_rep) subject to z·sqrt(V(n, K)) ≤ half_width, with n a
 multiple of the number of strata (equal documents per stratum), by exhaustive search over
@@ -35,45 +38,54 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import polars as pl
-from scipy.optimize import nnls
 from scipy.stats import norm
 
 from kvdiverge.analysis.document_stats import AnalysisInputError
+from kvdiverge.trajectories import TrajectoryFormatError, read_trajectory_metadata
 
 __all__ = [
-    "attribute_job_seconds",
-    "cost_per_unit",
+    "cost_from_timing",
     "optimal_design",
-    "read_benchmark_seconds",
+    "read_timing",
     "study_plan",
     "variance_components",
 ]
 
+TIMING_FIELDS = ("documents", "paths", "prefill_seconds", "selection_seconds", "decode_seconds")
 
-def read_benchmark_seconds(path: str | os.PathLike) -> float:
-    """Wall-clock seconds of a Snakemake ``benchmark:`` TSV (mean of its repeats, column ``s``)."""
+
+def read_timing(path: str | os.PathLike) -> dict[str, float]:
+    """The measured ``timing`` of a trajectory file's metadata (module docstring; SPEC §5)."""
     try:
-        frame = pl.read_csv(path, separator="\t")
-    except (OSError, pl.exceptions.PolarsError) as exc:
-        raise AnalysisInputError(f"{path}: not a readable benchmark TSV ({exc})") from exc
-    if "s" not in frame.columns or frame.height == 0:
-        raise AnalysisInputError(f"{path}: benchmark TSV lacks the seconds column 's'")
-    return float(frame["s"].cast(pl.Float64).mean())
+        meta = read_trajectory_metadata(path)
+    except (OSError, TrajectoryFormatError) as exc:
+        raise AnalysisInputError(str(exc)) from exc  # names the file
+    timing = meta.get("timing")
+    if not isinstance(timing, dict):
+        raise AnalysisInputError(
+            f"{path}: trajectory metadata lacks 'timing' (rerun its rollout job to measure cost)"
+        )
+    missing = [k for k in TIMING_FIELDS if not isinstance(timing.get(k), int | float)]
+    if missing:
+        raise AnalysisInputError(f"{path}: timing lacks numeric field(s) {', '.join(missing)}")
+    return {k: float(timing[k]) for k in TIMING_FIELDS}
 
 
-def attribute_job_seconds(
-    seconds: float, paths: Mapping[str, float], rows: Mapping[str, float]
-) -> dict[str, float]:
-    """Split a multi-action rollout job's seconds among its actions (module docstring).
+def cost_from_timing(timings: Sequence[Mapping[str, float]], where: str = "planning") -> dict:
+    """c_doc and c_rep (seconds) of one action from its files' ``timing`` (module docstring).
 
-    Action a gets ``seconds · paths[a]·rows[a] / Σ_b paths[b]·rows[b]``: its share of the
-    decoded rows (replicate paths × rows per replicate). The shares sum to ``seconds``.
+    c_doc = Σ(prefill_seconds + selection_seconds) / Σ documents;
+    c_rep = Σ decode_seconds / Σ paths.
     """
-    weights = {a: float(paths[a]) * float(rows[a]) for a in paths}
-    total = sum(weights.values())
-    if total <= 0:
-        raise AnalysisInputError(f"planning: a rollout job with no decoded rows ({weights})")
-    return {a: seconds * w / total for a, w in weights.items()}
+    docs = sum(t["documents"] for t in timings)
+    paths = sum(t["paths"] for t in timings)
+    if docs <= 0 or paths <= 0:
+        raise AnalysisInputError(f"{where}: timing counts no documents or no paths")
+    per_doc = sum(t["prefill_seconds"] + t["selection_seconds"] for t in timings)
+    return {
+        "c_doc": float(per_doc / docs),
+        "c_rep": float(sum(t["decode_seconds"] for t in timings) / paths),
+    }
 
 
 def variance_components(stats: pl.DataFrame, action: str, where: str = "document stats") -> dict:
@@ -106,18 +118,6 @@ def variance_components(stats: pl.DataFrame, action: str, where: str = "document
     k_dev = float(np.mean(k))
     sigma_b2 = max(var_means - sigma_w2 / k_dev, 0.0)
     return {"sigma_between2": sigma_b2, "sigma_within2": sigma_w2, "K_dev": k_dev}
-
-
-def cost_per_unit(jobs: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Non-negative least-squares (c_doc, c_rep) from jobs ``{seconds, docs, paths}``."""
-    if not jobs:
-        raise AnalysisInputError("planning: no rollout benchmark to measure cost from")
-    a = np.array([[j["docs"], j["paths"]] for j in jobs], dtype=np.float64)
-    b = np.array([j["seconds"] for j in jobs], dtype=np.float64)
-    (c_doc, c_rep), _ = nnls(a, b)
-    if c_rep <= 0:  # degenerate equations: charge everything per replicate
-        c_doc, c_rep = 0.0, float(b.sum() / a[:, 1].sum())
-    return {"c_doc": float(c_doc), "c_rep": float(c_rep)}
 
 
 def optimal_design(
@@ -162,7 +162,7 @@ def optimal_design(
 
 def study_plan(
     stats: Mapping[str, pl.DataFrame],
-    benchmarks: Mapping[tuple[str, str], str | os.PathLike],
+    trajectories: Mapping[tuple[str, str, str], str | os.PathLike],
     *,
     actions: Sequence[str],
     control: str,
@@ -174,50 +174,30 @@ def study_plan(
     configured_K: int | None = None,
     configured_docs: int | None = None,
 ) -> dict:
-    """The sample-size plan of a study (module docstring), as a JSON-ready dict.
+    """The sample-size plan of a study (module docstring; SPEC §5), as a JSON-ready dict.
 
-    ``stats[model]``: that model's document statistics (every cohort: job sizes count all the
-    documents a rollout job ran); ``benchmarks[(model, stratum)]``: the benchmark TSV of the
-    rollout job that ran all of the study's ``actions`` (the control's included) for that model
-    and stratum. Per model and non-control action: σ_b², σ_w², c_doc, c_rep, the least-cost K
-    and document count for ``half_width`` on R_SMC, and, when the configured K and document
-    count are given, their half-width and cost for comparison.
+    ``stats[model]``: that model's document statistics (the development cohort gives the
+    variances); ``trajectories[(model, action, stratum)]``: the trajectory file whose
+    ``timing`` metadata gives the costs. Per model and non-control action: σ_b², σ_w², c_doc,
+    c_rep, the least-cost K and document count for ``half_width`` on R_SMC, and, when the
+    configured K and document count are given, their half-width and cost for comparison.
     """
-    rows = {a: 1 if a == control else 3 for a in actions}
     plans = []
     for model, frame in stats.items():
-        jobs = frame.group_by("action", "stratum").agg(docs=pl.len(), paths=pl.col("n_paths").sum())
-        sizes = {(r["action"], r["stratum"]): r for r in jobs.iter_rows(named=True)}
         strata = sorted(frame["stratum"].unique())
         dev = frame.filter(pl.col("cohort") == dev_cohort)
         if dev.height == 0:
             raise AnalysisInputError(f"planning: model {model!r} has no {dev_cohort!r} documents")
-        attributed = {}
-        for stratum in strata:
-            if (model, stratum) not in benchmarks:
-                raise AnalysisInputError(f"planning: no rollout benchmark for {(model, stratum)}")
-            missing = [a for a in actions if (a, stratum) not in sizes]
-            if missing:
-                raise AnalysisInputError(
-                    f"planning: no document statistics for {missing[0]!r} in {stratum!r}"
-                )
-            seconds = read_benchmark_seconds(benchmarks[(model, stratum)])
-            paths = {a: sizes[(a, stratum)]["paths"] for a in actions}
-            for a, share in attribute_job_seconds(seconds, paths, rows).items():
-                attributed[(a, stratum)] = share
         for action in actions:
             if action == control:
                 continue
-            equations = [  # the control's paths in the action's row units
-                {
-                    "seconds": attributed[(act, stratum)],
-                    "docs": sizes[(act, stratum)]["docs"],
-                    "paths": sizes[(act, stratum)]["paths"] * rows[act] / rows[action],
-                }
-                for act in (action, control)
-                for stratum in strata
-            ]
-            cost = cost_per_unit(equations)
+            missing = [s for s in strata if (model, action, s) not in trajectories]
+            if missing:
+                raise AnalysisInputError(
+                    f"planning: no trajectory file for {(model, action, missing[0])}"
+                )
+            timings = [read_timing(trajectories[(model, action, s)]) for s in strata]
+            cost = cost_from_timing(timings, where=f"planning {model!r}/{action!r}")
             var = variance_components(dev, action, where=f"model {model!r} development cohort")
             design = optimal_design(
                 var["sigma_between2"],
