@@ -23,7 +23,7 @@ def _workdir(tmp_path: Path) -> Path:
     work.mkdir()
     for name in ("Snakefile", "config.yaml"):
         shutil.copy(ROOT / name, work / name)
-    for folder in ("workflow", "envs", "data/fixtures"):
+    for folder in ("workflow", "envs", "data/fixtures", "data/models"):  # + trained demo models
         shutil.copytree(ROOT / folder, work / folder)
     return work
 

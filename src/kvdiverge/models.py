@@ -23,11 +23,14 @@ __all__ = [
     "DEMO_KINDS",
     "build_demo_model",
     "chat_prompt_ids",
+    "demo_spec_digest",
+    "demo_tokenizer_and_config",
     "eos_token_ids",
     "load_model",
     "load_tokenizer",
     "resolve_device",
     "resolve_dtype",
+    "save_model_dir",
 ]
 
 DemoKind = Literal["llama", "qwen2"]
@@ -223,6 +226,82 @@ def _train_demo_tokenizer(vocab_size: int, special: list[str]):
     )
     tok.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
     return tok
+
+
+def demo_spec_digest(kind: DemoKind) -> str:
+    """SHA-256 of demo architecture ``kind``'s spec: model config, tokenizer vocabulary size,
+    special tokens, chat template and corpus (DESIGN §6; part of a trained model's fingerprint,
+    so that editing ``load_model`` or other loading code does not mark trained weights stale)."""
+    import hashlib
+    import json
+
+    if kind not in _DEMO_SPECS:
+        raise ValueError(f"demo: expected one of {', '.join(DEMO_KINDS)}, got {kind!r}")
+    payload = json.dumps({"spec": _DEMO_SPECS[kind], "corpus": _CORPUS}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def demo_tokenizer_and_config(kind: DemoKind, initializer_range: float = 0.02) -> tuple[Any, Any]:
+    """The tokenizer and an (unweighted) model config of demo architecture ``kind`` (DESIGN §6).
+
+    The tokenizer is byte-level BPE trained deterministically on the built-in corpus, with the
+    kind's chat template, EOS and pad tokens; the config is ``LlamaConfig`` (grouped-query
+    attention) or ``Qwen2Config`` (q/k/v biases) with the kind's sizes and special-token ids.
+    """
+    from transformers import LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+
+    if kind not in _DEMO_SPECS:
+        raise ValueError(f"demo: expected one of {', '.join(DEMO_KINDS)}, got {kind!r}")
+    spec = _DEMO_SPECS[kind]
+    raw = _train_demo_tokenizer(spec["vocab_size"], spec["special"])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token=spec["eos"],
+        bos_token=spec["bos"],
+        pad_token="<|endoftext|>",
+        chat_template=spec["template"],
+    )
+    ids = {t: raw.token_to_id(t) for t in spec["special"]}
+    cfg_cls = LlamaConfig if kind == "llama" else Qwen2Config
+    config = cfg_cls(
+        vocab_size=raw.get_vocab_size(),
+        initializer_range=initializer_range,
+        bos_token_id=ids[spec["bos"]] if spec["bos"] else None,
+        eos_token_id=ids[spec["eos"]],
+        pad_token_id=ids["<|endoftext|>"],
+        **spec["config"],
+    )
+    return tokenizer, config
+
+
+def save_model_dir(
+    model: Any,
+    tokenizer: Any,
+    out_dir: str | os.PathLike,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write ``model`` (safetensors), its generation config and ``tokenizer`` into ``out_dir``,
+    plus ``extra_files`` (name → text), all at once: built in a sibling temporary folder that
+    then replaces ``out_dir`` (a reader never sees a half-written model; DESIGN §2)."""
+    from transformers import GenerationConfig
+
+    cfg = model.config
+    model.generation_config = GenerationConfig(
+        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id
+    )
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
 
 
 def build_demo_model(

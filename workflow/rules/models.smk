@@ -1,4 +1,20 @@
-# Tiny demo models (DESIGN §2, §6): built locally and deterministically from the seed.
+# Tiny demo models (DESIGN §2, §6; README "Demo models"): trained on CPU from the seed. The
+# trained weights are committed under data/models/; weights whose training fingerprint differs
+# from the current training code and config stop the workflow here, with the retrain command.
+from kvdiverge.training import check_demo_model_folder, demo_model_fingerprint
+
+for _name in demo_models():
+    check_demo_model_folder(
+        model_path(_name),
+        config["models"][_name],
+        config["seed"],
+        where=f"config.models.{_name}",
+    )
+
+
+demo_training_fingerprint = lambda name: demo_model_fingerprint(
+    config["models"][name], config["seed"]
+)
 
 
 rule build_demo_model:
@@ -11,10 +27,17 @@ rule build_demo_model:
     wildcard_constraints:
         model="|".join(demo_models()) or "no-demo-model",
     conda:
-        "../../envs/rollout.yaml"
+        "../../envs/models.yaml"
+    threads: 1
+    resources:
+        runtime=60,
     params:
         kind=lambda wildcards: config["models"][wildcards.model]["demo"],
+        train=lambda wildcards: config["models"][wildcards.model]["train"],
+        where=lambda wildcards: f"config.models.{wildcards.model}.train",
         seed=config["seed"],
-        code=fingerprint("kvdiverge.models"),
+        # the training fingerprint (training code, data generators, architecture, settings,
+        # seed): a change is refused at parse time while the folder exists (see above)
+        code=lambda wildcards: demo_training_fingerprint(wildcards.model),
     script:
-        "../scripts/build_demo_model.py"
+        "../scripts/train_demo_model.py"
