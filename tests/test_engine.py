@@ -101,7 +101,9 @@ def test_distributions_equal_plain_forward_before_and_after_divergence(demo):
     assert diverged[:, 1:].any(axis=1).sum() >= 2  # several paths split inside the horizon
     # until the histories split (up to and including the first mismatch) Z equals Y: f_t = δ_t
     before_split = np.cumsum(diverged, axis=1) - diverged == 0
-    assert np.array_equal(r.tv_fixed[before_split], r.tv_rollout[before_split])
+    # (Z's rows may run in another batch composition than Y's, which rounds differently on
+    # CPU at the 1e-7 level; the laws themselves are compared to 1e-5 below)
+    np.testing.assert_allclose(r.tv_fixed[before_split], r.tv_rollout[before_split], atol=1e-5)
     post_divergence_checked = 0
     for k in range(K):
         streams = {
