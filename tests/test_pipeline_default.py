@@ -44,7 +44,9 @@ def test_every_output_of_rule_all_exists(default_run):
 def test_control_is_exact_and_eviction_diverges(default_run):
     work, _ = default_run
     table = pl.read_csv(work / "results/study1/tables/estimands.csv")
-    pooled = table.filter((pl.col("stratum") == "pooled") & (pl.col("contrast").fill_null("") == ""))
+    pooled = table.filter(
+        (pl.col("stratum") == "pooled") & (pl.col("contrast").fill_null("") == "")
+    )
     control = pooled.filter((pl.col("action") == "full") & pl.col("estimand").is_in(["R", "F"]))
     assert control.height > 0 and (control["value"] == 0).all()
     evicted = pooled.filter((pl.col("action") == "recent-half") & (pl.col("estimand") == "R_smc"))
