@@ -2,42 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 import yaml
+from workflow_helpers import run_snakemake, workflow_copy
 
 from kvdiverge.datasets import DatasetsConfig, read_documents
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-
-
-def _workdir(tmp_path: Path) -> Path:
-    work = tmp_path / "wf"
-    work.mkdir()
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy(ROOT / name, work / name)
-    for folder in ("workflow", "envs", "data/fixtures", "data/models"):  # + trained demo models
-        shutil.copytree(ROOT / folder, work / folder)
-    return work
-
-
-def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run(
-        [SNAKEMAKE, "--cores", "2", "--workflow-profile", "none", *args],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
 
 
 def _default_strata() -> list[str]:
@@ -46,21 +22,21 @@ def _default_strata() -> list[str]:
 
 
 def test_every_default_stratum_is_a_job(tmp_path):
-    work = _workdir(tmp_path)
+    work = workflow_copy(tmp_path)
     targets = [f"data/documents/{s}.parquet" for s in _default_strata()]
     assert len(targets) == 6
-    run = _snakemake(work, "-n", *targets)
+    run = run_snakemake(work, "-n", *targets)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "materialize_documents" in run.stdout + run.stderr
-    bad = _snakemake(work, "-n", "data/documents/ruler-999.parquet")
+    bad = run_snakemake(work, "-n", "data/documents/ruler-999.parquet")
     assert bad.returncode != 0  # only configured strata match the wildcard
 
 
 @pytest.mark.slow
 def test_rule_materializes_a_stratum(tmp_path):
-    work = _workdir(tmp_path)
+    work = workflow_copy(tmp_path)
     stratum = "ruler-1536"
-    run = _snakemake(work, f"data/documents/{stratum}.parquet")
+    run = run_snakemake(work, f"data/documents/{stratum}.parquet")
     assert run.returncode == 0, run.stderr[-3000:]
     frame = read_documents(work / "data" / "documents" / f"{stratum}.parquet")
     config = yaml.safe_load((work / "config.yaml").read_text())
@@ -77,6 +53,6 @@ def test_rule_materializes_a_stratum(tmp_path):
     # a missing HELMET file fails the job with the one line that names the archive
     config["datasets"]["helmet"]["data_dir"] = "nowhere"
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    run = _snakemake(work, "data/documents/helmet-1024.parquet")
+    run = run_snakemake(work, "data/documents/helmet-1024.parquet")
     assert run.returncode != 0
     assert "HELMET file not found: nowhere/kilt/" in run.stderr + run.stdout

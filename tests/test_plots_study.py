@@ -3,9 +3,7 @@ rules that draw them and the tables from a synthetic study's estimands."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 from study_helpers import CONTROL, LAMBDAS, STUDY2_LAMBDAS, build_study
+from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.document_stats import Clock
 from kvdiverge.plots.study import (
@@ -166,46 +165,9 @@ def test_introductory_figure_is_written(tmp_path):
 MY_RULES = ["introductory_figure", "study_figures", "study_branch_figure", "study_tables"]
 
 
-def _workdir(tmp_path: Path) -> Path:
-    work = tmp_path / "wf"
-    work.mkdir()
-    shutil.copy(ROOT / "Snakefile", work / "Snakefile")
-    for folder in ("workflow", "envs"):
-        shutil.copytree(ROOT / folder, work / folder)
-    if (ROOT / "data" / "fixtures").is_dir():
-        shutil.copytree(ROOT / "data" / "fixtures", work / "data" / "fixtures")
-    shutil.copy(ROOT / "config.yaml", work / "config.yaml")
-    return work
-
-
-def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run(
-        [SNAKEMAKE, "--cores", "2", "--workflow-profile", "none", *args],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-
-
-def _job_counts(output: str) -> dict[str, int]:
-    """The dry run's "Job stats" table as {rule: count}."""
-    lines = output.splitlines()
-    start = lines.index("Job stats:") + 3
-    counts = {}
-    for line in lines[start:]:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        counts[parts[0]] = int(parts[1])
-    return counts
-
-
 @pytest.mark.slow
 def test_rules_draw_every_figure_and_table_from_placed_estimands(tmp_path, study1, study2):
-    work = _workdir(tmp_path)
+    work = workflow_copy(tmp_path)
     est1, pred1, _ = study1
     est2, _ = study2
     for study, files in (("study1", (est1, pred1)), ("study2", (est2,))):
@@ -234,15 +196,15 @@ def test_rules_draw_every_figure_and_table_from_placed_estimands(tmp_path, study
     targets = fig1 + figures["study1"] + figures["study2"] + tables["study1"] + tables["study2"]
     allowed = ["--allowed-rules", *MY_RULES]
     # only the four rendering rules would run: the placed analysis tables are taken as they are
-    dry = _snakemake(work, "-n", *targets, *allowed)
+    dry = run_snakemake(work, "-n", *targets, *allowed)
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
-    assert _job_counts(dry.stdout) == {
+    assert planned_jobs(dry) == {
         "introductory_figure": 1,
         "study_branch_figure": 1,
         "study_figures": 2,
         "study_tables": 2,
     }
-    res = _snakemake(work, *targets, *allowed)
+    res = run_snakemake(work, *targets, *allowed)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for path in targets:
         assert (work / path).stat().st_size > 300, path
@@ -266,20 +228,22 @@ def test_rules_draw_every_figure_and_table_from_placed_estimands(tmp_path, study
         assert list((work / "results/benchmarks" / rule).glob("*.tsv")), rule
     log = (work / "logs/figures/introductory_figure.log").read_text()
     assert "persist: R_SMC=0.2 " in log
-    again = _snakemake(work, "-n", *targets, *allowed)
+    again = run_snakemake(work, "-n", *targets, *allowed)
     assert "Nothing to be done" in again.stdout + again.stderr
     # figure 7 is only for studies with a prespecified family
-    missing = _snakemake(work, "-n", "results/study1/figures/fig7_branch_contrasts.png", *allowed)
+    missing = run_snakemake(
+        work, "-n", "results/study1/figures/fig7_branch_contrasts.png", *allowed
+    )
     assert missing.returncode != 0
 
 
 @pytest.mark.slow
 def test_main_contrast_must_be_a_contrast_of_the_study(tmp_path):
-    work = _workdir(tmp_path)
+    work = workflow_copy(tmp_path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("figures:\n  main_contrast: {study2: [recent-90, snapkv-90]}\n")
     target = "results/study2/tables/table3.csv"
-    res = _snakemake(work, "-n", target, "--configfile", str(bad))
+    res = run_snakemake(work, "-n", target, "--configfile", str(bad))
     assert res.returncode != 0
     assert (
         "config.figures.main_contrast.study2: expected one of the study's contrasts "

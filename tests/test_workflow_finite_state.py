@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 import yaml
+from workflow_helpers import run_snakemake, workflow_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -36,38 +34,13 @@ SMALL = {
 }
 
 
-def _workdir(tmp_path: Path) -> Path:
-    work = tmp_path / "wf"
-    work.mkdir()
-    shutil.copy(ROOT / "Snakefile", work / "Snakefile")
-    for folder in ("workflow", "envs"):
-        shutil.copytree(ROOT / folder, work / folder)
-    if (ROOT / "data" / "fixtures").is_dir():
-        shutil.copytree(ROOT / "data" / "fixtures", work / "data" / "fixtures")
-    shutil.copy(ROOT / "config.yaml", work / "config.yaml")
-    return work
-
-
-def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run snakemake in ``work``; targets must come before --configfile/--config (nargs='+')."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run(
-        [SNAKEMAKE, "--cores", "2", "--workflow-profile", "none", *args],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-
-
 @pytest.mark.slow
 def test_finite_state_target_runs(tmp_path):
-    work = _workdir(tmp_path)
+    work = workflow_copy(tmp_path)
     override = tmp_path / "small.yaml"
     override.write_text(yaml.safe_dump({"finite_state": SMALL}))
     targets = ["results/finite_state/systems.csv", *FIGURES]
-    res = _snakemake(work, *targets, "--configfile", str(override), "--config", "seed=7")
+    res = run_snakemake(work, *targets, "--configfile", str(override), "--config", "seed=7")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     systems = pl.read_csv(work / "results/finite_state/systems.csv")
     assert systems.columns == SYSTEMS_COLUMNS
@@ -85,15 +58,15 @@ def test_finite_state_target_runs(tmp_path):
     for rule in ("finite_state_systems", "finite_state_figures"):
         assert list((work / "results/benchmarks" / rule).glob("*.tsv")), rule
     # up to date: a second run does nothing
-    again = _snakemake(work, "-n", *targets, "--configfile", str(override), "--config", "seed=7")
+    again = run_snakemake(work, "-n", *targets, "--configfile", str(override), "--config", "seed=7")
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
 @pytest.mark.slow
 def test_snakemake_rejects_bad_finite_state_config(tmp_path):
-    work = _workdir(tmp_path)
+    work = workflow_copy(tmp_path)
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"finite_state": {"horizon": 0}}))
-    res = _snakemake(work, "-n", "results/finite_state/systems.csv", "--configfile", str(bad))
+    res = run_snakemake(work, "-n", "results/finite_state/systems.csv", "--configfile", str(bad))
     assert res.returncode != 0
     assert "config.finite_state.horizon: expected a value >= 1, got 0" in res.stdout + res.stderr

@@ -7,13 +7,13 @@ for _name in demo_models():
     check_demo_model_folder(
         model_path(_name),
         config["models"][_name],
-        config["seed"],
+        config["models"][_name]["seed"],
         where=f"config.models.{_name}",
     )
 
 
 demo_training_fingerprint = lambda name: demo_model_fingerprint(
-    config["models"][name], config["seed"]
+    config["models"][name], config["models"][name]["seed"]
 )
 
 
@@ -35,7 +35,7 @@ rule build_demo_model:
         kind=lambda wildcards: config["models"][wildcards.model]["demo"],
         train=lambda wildcards: config["models"][wildcards.model]["train"],
         where=lambda wildcards: f"config.models.{wildcards.model}.train",
-        seed=config["seed"],
+        seed=lambda wildcards: config["models"][wildcards.model]["seed"],
         # the training fingerprint (training code, data generators, architecture, settings,
         # seed): a change is refused at parse time while the folder exists (see above)
         code=lambda wildcards: demo_training_fingerprint(wildcards.model),
