@@ -242,3 +242,18 @@ def test_workflow_refuses_stale_weights_at_parse_time(tmp_path):
         [*cmd, f"data/models/{name}"], cwd=work, capture_output=True, text=True, env=env
     )
     assert again.returncode == 0 and "build_demo_model" in again.stdout + again.stderr
+
+
+def test_committed_weights_older_than_the_workflow_are_not_retrained(tmp_path):
+    """A fresh clone writes data/models/ before workflow/ (git's path order): the committed
+    weights are then older than every rule file, and must still be used as they are."""
+    from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
+
+    work = workflow_copy(tmp_path)
+    past = 1_000_000_000  # 2001
+    for f in (work / "data" / "models").rglob("*"):
+        os.utime(f, (past, past))
+    names = sorted(_demo_models())
+    res = run_snakemake(work, "-n", *[f"data/models/{n}" for n in names])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert planned_jobs(res) == {}, res.stdout[-2000:]

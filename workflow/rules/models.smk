@@ -2,6 +2,7 @@
 # trained weights are committed under data/models/; weights whose training fingerprint differs
 # from the current training code and config stop the workflow here, with the retrain command.
 from kvdiverge.training import check_demo_model_folder, demo_model_fingerprint
+from kvdiverge.training_job import train_demo_model_job
 
 for _name in demo_models():
     check_demo_model_folder(
@@ -26,8 +27,6 @@ rule build_demo_model:
         "results/benchmarks/build_demo_model/{model}.tsv"
     wildcard_constraints:
         model="|".join(demo_models()) or "no-demo-model",
-    conda:
-        "../../envs/models.yaml"
     threads: 1
     resources:
         runtime=60,
@@ -39,5 +38,5 @@ rule build_demo_model:
         # the training fingerprint (training code, data generators, architecture, settings,
         # seed): a change is refused at parse time while the folder exists (see above)
         code=lambda wildcards: demo_training_fingerprint(wildcards.model),
-    script:
-        "../scripts/train_demo_model.py"
+    run:
+        train_demo_model_job(output[0], params, log[0], threads)
