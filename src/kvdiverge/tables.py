@@ -30,6 +30,7 @@ from pathlib import Path
 
 import polars as pl
 
+from kvdiverge.analysis.estimands import ESTIMAND_COLUMNS
 from kvdiverge.io import atomic_path, atomic_write_text
 
 __all__ = [
@@ -58,19 +59,6 @@ __all__ = [
     "write_table",
 ]
 
-ESTIMAND_COLUMNS = (
-    "model",
-    "action",
-    "contrast",
-    "stratum",
-    "estimand",
-    "value",
-    "ci_low",
-    "ci_high",
-    "ci_level",
-    "n_docs",
-    "n_paths",
-)
 PREDICTION_COLUMNS = (
     "model",
     "observation",

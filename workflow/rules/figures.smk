@@ -271,6 +271,6 @@ rule study_tables:
     params:
         actions=study_compared_actions,
         main_contrast=study_main_contrast,
-        code=fingerprint("kvdiverge.tables", "kvdiverge.io"),
+        code=fingerprint("kvdiverge.tables", "kvdiverge.analysis.estimands", "kvdiverge.io"),
     script:
         "../scripts/study_tables.py"
