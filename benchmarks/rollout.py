@@ -4,16 +4,18 @@ Both run the same coupled sampler (SPEC §1, §6: stepwise maximal coupling with
 numbers, δ_t and f_t every step) on the same tiny demo model and prompt, after one shared
 prefill and the same SnapKV-half eviction:
 
-* engine (``kvdiverge.engine.rollout_document``, DESIGN §4): all K replicates × 3 streams
-  (X, Y, Z) in one batch per step over a shared prompt cache;
+* engine (``kvdiverge.engine.rollout_document``, DESIGN §4): all K replicates' streams in one
+  batch per step over a shared prompt cache (X and Y rows, and a Z row once a replicate's
+  histories split);
 * baseline: per replicate, its own copy of the full cache (X) and of the evicted cache (Y, Z)
   in transformers ``DynamicCache``s, a step-by-step batch-1 forward per stream.
 
-Reports coupled token pairs per second (K·H / decoding wall time after a shared prefill, best
-of ``--repeats`` runs, each cell in a fresh subprocess), side by side with the speed-up; the
-KV memory each approach holds (exact accounting: the engine's one prompt cache, one evicted copy
-and 3K·H generated entries, against K per-replicate copies); on CUDA also the peak memory the
-rollout adds (``max_memory_allocated``); and checks that both produce the same tokens.
+Reports coupled token pairs per second (K·H / decoding wall time after a shared prefill and
+the selection, both timed apart; best of ``--repeats`` runs, each cell in a fresh
+subprocess), side by side with the speed-up; the KV memory each approach holds (exact
+accounting: the engine's one prompt cache, one evicted copy and at most 3K·H generated
+entries, against K per-replicate copies); on CUDA also the peak memory the rollout adds
+(``max_memory_allocated``); and checks that both produce the same tokens.
 Usage::
 
     OMP_NUM_THREADS=2 python benchmarks/rollout.py --lengths 1024 4096 --K 8 32 --H 32
@@ -65,10 +67,15 @@ def _gathered_cache(prefill, kept):
 
 
 @torch.no_grad()
-def baseline_rollout(model, prefill, K: int, H: int, eos: list[int]) -> np.ndarray:
-    """Per replicate: own cache copies, batch-1 forwards per stream, the same coupling."""
+def baseline_rollout(model, prefill, K: int, H: int, eos: list[int]) -> tuple[np.ndarray, float]:
+    """Per replicate: own cache copies, batch-1 forwards per stream, the same coupling.
+
+    Returns the (K, H, 2) X/Y tokens and the decoding seconds (after the selection, which is
+    the engine's own code and is timed apart, as in the engine).
+    """
     device = next(model.parameters()).device
     kept = select_positions(prefill, ACTION)
+    start = _clock(device)
     everything = torch.arange(prefill.n, device=device).expand_as(
         kept[..., :1].expand(-1, -1, prefill.n)
     )
@@ -114,7 +121,13 @@ def baseline_rollout(model, prefill, K: int, H: int, eos: list[int]) -> np.ndarr
                 ).logits[0, -1]
                 for tok, c in zip((x, y, x), caches, strict=True)
             ]
-    return tokens
+    return tokens, _clock(device) - start
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _one(method: str, model_dir: str, n: int, K: int, H: int, device: str, repeats: int) -> dict:
@@ -128,12 +141,12 @@ def _one(method: str, model_dir: str, n: int, K: int, H: int, device: str, repea
     prefill = run_prefill(model, ids, ACTION.window)  # shared by both methods, timed apart
     prefill_seconds = time.perf_counter() - start
 
-    def run():
-        if method == "engine":
+    def run() -> tuple[np.ndarray, float]:
+        if method == "engine":  # decode seconds as the engine measures them (after selection)
             r = rollout_document(
                 model, ids, ACTION, DOC, K, H, SEED, eos, max_batch_rows=3 * K, prefill=prefill
             )
-            return np.stack([r.x_token, r.y_token], axis=-1)
+            return np.stack([r.x_token, r.y_token], axis=-1), r.decode_seconds
         return baseline_rollout(model, prefill, K, H, eos)
 
     def usage() -> int:
@@ -145,17 +158,17 @@ def _one(method: str, model_dir: str, n: int, K: int, H: int, device: str, repea
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     base = usage() if dev.type != "cuda" else torch.cuda.memory_allocated()
-    tokens = run()  # first run: peak memory (and one-time initialisation)
+    tokens, _ = run()  # first run: peak memory (and one-time initialisation)
     peak = usage() - base
     times = []
     for _ in range(repeats):  # best of `repeats`: the machine may be shared
-        start = time.perf_counter()
-        again = run()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        again, decode_seconds = run()
+        times.append(decode_seconds)
         assert np.array_equal(tokens, again)
     seconds = min(times)
+    start = _clock(dev)
+    select_positions(prefill, ACTION)  # the same code for both methods: reported apart
+    selection_seconds = _clock(dev) - start
     entry = 2 * len(prefill.keys) * prefill.keys[0].shape[0] * prefill.head_dim
     entry *= prefill.keys[0].element_size()
     n_keep = ACTION.n_keep(prefill.n)
@@ -168,6 +181,7 @@ def _one(method: str, model_dir: str, n: int, K: int, H: int, device: str, repea
         "H": H,
         "seconds": seconds,
         "prefill_seconds": prefill_seconds,
+        "selection_seconds": selection_seconds,
         "pairs_per_s": K * H / seconds,
         "peak_mb": peak / 2**20,
         "shared_kv_mb": shared_kv / 2**20,
@@ -212,9 +226,12 @@ def main() -> None:
     print(
         f"device {e0['device']}, torch threads {e0['threads']}, H = {args.H}, "
         f"action {ACTION.name}, tiny Llama demo model (2 layers, hidden 64, GQA 4/2). "
-        "Throughput: decoding only (one shared prefill per document, timed apart: "
+        "Throughput: decoding only (after one shared prefill and the SnapKV selection, the "
+        "same code for both methods, timed apart: "
         + ", ".join(
-            f"n={n}: {e['prefill_seconds']:.2f} s" for n, k, e, _, _ in rows if k == args.K[0]
+            f"n={n}: prefill {e['prefill_seconds']:.2f} s, selection {e['selection_seconds']:.3f} s"
+            for n, k, e, _, _ in rows
+            if k == args.K[0]
         )
         + "); peak: CUDA memory added by the rollout (not measured on CPU, where a few MB of "
         "peak-RSS growth is allocator noise); KV held (exact): the engine's prompt cache, "

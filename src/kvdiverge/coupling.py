@@ -105,9 +105,12 @@ def inverse_cdf(weights: Any, u: Any) -> Any:
         target = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
         idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
         v = weights.shape[-1]
+        overshoot = idx >= v
+        if not bool(overshoot.any()):  # the rare fallback below is computed only when needed
+            return idx
         positions = torch.arange(v, device=weights.device)
         last_pos = torch.where(weights > 0, positions, -1).amax(-1).clamp(min=0)
-        return torch.where(idx >= v, last_pos, idx)
+        return torch.where(overshoot, last_pos, idx)
     w = np.asarray(weights, dtype=np.float64)
     cdf = np.cumsum(w, axis=-1)
     target = np.asarray(u, dtype=np.float64) * cdf[..., -1]

@@ -6,14 +6,15 @@ DESIGN §4:
 * one prefill per document gives the full prompt cache and the first-token logits (shared by
   the reference P and every intervention Q, so δ_1 = 0), whatever the number of actions;
 * each action's selector gathers its kept entries from that cache once per document;
-* all replicates of a document decode as batches: the reference X rows on the full prompt
-  cache in one model call per step, and for each evicting action one call for its rows
-  ``[Y₀…Y_{K−1} | Z₀…Z_{K−1}]`` — the intervention Y and the fixed-history stream Z (Q fed X's
-  tokens, for f_t) on its evicted cache. The X rows are shared by every action with the same
-  replicates (:func:`reference_groups`): one job runs all of a study's actions;
+* all replicates and streams of a document decode as ONE batch, one model call per step:
+  the reference X rows on the full prompt cache, then for each evicting action its
+  intervention rows Y on its evicted cache, then the fixed-history rows Z (Q fed X's tokens,
+  for f_t) of the replicates whose histories have split. The X rows are shared by every
+  action with the same replicates (:func:`reference_groups`): one job runs all of a study's
+  actions, and each step reads the model's weights once for all of them;
 * the prompt cache is shared by every row, never copied per replicate: a custom attention
-  function (registered with transformers' ``AttentionInterface``) scores each stream's queries
-  against its shared prompt part in one batched product (grouped-query heads folded), scores
+  function (registered with transformers' ``AttentionInterface``) scores each row group's
+  queries against its shared prompt part in one batched product (grouped-query heads folded), scores
   each row's own generated entries (a cache that holds only those) separately, and merges the
   two exactly with a common max (log-sum-exp). Memory is O(prompt + K·H) per action;
 * the stepwise maximal coupling (``kvdiverge.coupling.maximal_coupling_step``, accept sampler)
@@ -25,11 +26,14 @@ DESIGN §4:
   point mass on the canonical EOS id, the first of ``eos_ids``); H steps always;
 * on CUDA out-of-memory the replicate batch is split in halves and the rollout goes on.
 
-The batch of every model call (the X rows; one action's Y and Z rows) is the same whether an
-action runs alone or with others, so a multi-action job's values are bit-identical to
-single-action runs, and an action that keeps everything (``full``) reproduces the reference
-exactly (Q is P: δ ≡ 0, f ≡ 0, X ≡ Y, no rows of its own). Z rows are always computed (before
-divergence they equal Y, and their prompt attention is copied from Y's rows).
+An action that keeps everything (``full``) reproduces the reference exactly (Q is P: δ ≡ 0,
+f ≡ 0, X ≡ Y, no rows of its own). Reruns are bit-identical. An action run with others
+shares its model calls with their rows, so its values equal a run of that action alone to
+floating-point rounding (the matrix products' batch differs), not bit for bit; the tokens
+differ only where a uniform falls within rounding of a CDF boundary. A replicate's Z row runs only
+after its X and Y histories split: until then Z is Y (the same tokens on the same cache), so
+its Q is Y's, copied bit for bit, and at the split the Z row starts from a copy of Y's
+generated entries. Before divergence an action therefore costs one row per replicate, not two.
 """
 
 from __future__ import annotations
@@ -87,35 +91,25 @@ COUPLING_MODES = ("shared-reference", "independent")
 
 @dataclass
 class SharedPrefix:
-    """The shared prompt K/V of every row group, per layer (passed as a model-call kwarg).
+    """The shared prompt parts of a model call (passed as the ``kvd_prefix`` kwarg).
 
-    ``groups[l]`` is a list of ``(row_start, row_end, keys, values)`` with keys/values of shape
-    (H_kv, n_g, d): rows ``row_start:row_end`` of the batch attend to that prompt part.
-    ``mirror = (group_start, source_start, active)``: in the group starting at ``group_start``
-    only the rows ``active`` (offsets in the group) are computed; the others equal the rows of
-    the group starting at ``source_start`` (listed earlier) and are copied. The engine uses it
-    for the Z stream, which equals Y until a replicate's histories split (DESIGN §4).
+    Row group g — the batch rows ``rows[g]`` (a LongTensor) — attends to the prompt part
+    ``prompts[g][l] = (keys, values)`` of layer l, each of shape (H_kv, n_g, d): the full cache
+    for the X rows, an action's evicted cache for its Y and Z rows. A prompt part is one tensor
+    for all its rows, never copied per row (DESIGN §4).
     """
 
-    groups: list[list[tuple[int, int, torch.Tensor, torch.Tensor]]]
-    mirror: tuple[int, int, torch.Tensor] | None = None
-
-    def __post_init__(self) -> None:
-        self._rows: dict[tuple[int, int], torch.Tensor] = {}
-
-    def rows(self, start: int, stop: int, device: torch.device) -> torch.Tensor:
-        """Row indices ``start..stop-1`` (cached: built once per rollout, not per layer)."""
-        key = (start, stop)
-        if key not in self._rows:
-            self._rows[key] = torch.arange(start, stop, device=device)
-        return self._rows[key]
+    rows: list[torch.Tensor]
+    prompts: list[list[tuple[torch.Tensor, torch.Tensor]]]
 
 
 class RowCache:
     """Decode cache holding only each row's own generated entries (DESIGN §4).
 
-    Preallocated (B, H_kv, capacity, d) per layer; ``update`` appends the step's entries and
-    returns the filled part. Every row advances one entry per step.
+    Preallocated (B, H_kv, capacity, d) per layer for up to B rows. A model call runs the
+    first ``rows`` of them (all by default); ``update`` appends the step's entries of those
+    rows and returns their filled part (views, no copy). Every running row advances one entry
+    per step; :meth:`copy_rows` starts a new row from another row's history.
     """
 
     is_compileable = False
@@ -134,6 +128,7 @@ class RowCache:
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.lengths = [0] * n_layers
+        self.rows = batch
 
     def update(
         self,
@@ -142,13 +137,20 @@ class RowCache:
         layer_idx: int,
         cache_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append (B, H_kv, q, d) entries for layer ``layer_idx``; return all of that layer's."""
+        """Append (rows, H_kv, q, d) entries for layer ``layer_idx``; return all of that layer's."""
         start = self.lengths[layer_idx]
         stop = start + key_states.shape[-2]
-        self.keys[layer_idx][:, :, start:stop] = key_states
-        self.values[layer_idx][:, :, start:stop] = value_states
+        rows = self.rows
+        self.keys[layer_idx][:rows, :, start:stop] = key_states
+        self.values[layer_idx][:rows, :, start:stop] = value_states
         self.lengths[layer_idx] = stop
-        return self.keys[layer_idx][:, :, :stop], self.values[layer_idx][:, :, :stop]
+        return self.keys[layer_idx][:rows, :, :stop], self.values[layer_idx][:rows, :, :stop]
+
+    def copy_rows(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Give rows ``target`` the generated entries held so far by rows ``source``."""
+        for layer, length in enumerate(self.lengths):
+            for part in (self.keys[layer], self.values[layer]):
+                part[target, :, :length] = part[source, :, :length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Generated entries held for ``layer_idx`` (the prompt part is not in this cache)."""
@@ -214,10 +216,12 @@ def shared_prefix_attention(
     """Attention over (shared prompt part) ∪ (each row's own generated part), merged exactly.
 
     ``query`` (B, H, q, d); ``key``/``value`` (B, H_kv, t, d) are the rows' own entries (from
-    :class:`RowCache`, the current one included). The shared prompt parts arrive as the
-    ``kvd_prefix`` kwarg (:class:`SharedPrefix`). Without it this is plain SDPA attention.
-    Each part gives a normalised output and its log-sum-exp; the exact softmax over the union
-    is their mix with weight sigmoid(lse_prompt − lse_own) (log-sum-exp merge, DESIGN §4).
+    :class:`RowCache`, the current one included). The shared prompt part arrives as the
+    ``kvd_prefix`` kwarg (:class:`SharedPrefix`); each row group's queries (grouped-query
+    heads folded) are scored against its prompt part in one product. Without it this is plain
+    SDPA attention. Each part gives a normalised output and its log-sum-exp; the exact softmax
+    over the union is their mix with weight sigmoid(lse_prompt − lse_own) (log-sum-exp merge,
+    DESIGN §4).
     Returns (B, q, H, d) like transformers' attention functions.
     """
     prefix: SharedPrefix | None = kwargs.pop("kvd_prefix", None)
@@ -235,20 +239,13 @@ def shared_prefix_attention(
     o_own, lse_own = _attention_with_lse(q, key, value, scale)  # (B, H_kv, G, d), (B, H_kv, G)
     o_pre = torch.empty_like(o_own)
     lse_pre = torch.empty_like(lse_own)
-    for start, stop, pk, pv in prefix.groups[module.layer_idx]:
-        rows = prefix.rows(start, stop, q.device)
-        if prefix.mirror is not None and prefix.mirror[0] == start:
-            source, active = prefix.mirror[1], prefix.mirror[2]
-            o_pre[start:stop] = o_pre[source : source + stop - start]
-            lse_pre[start:stop] = lse_pre[source : source + stop - start]
-            rows = start + active
-            if rows.numel() == 0:
-                continue
+    for rows, prompt in zip(prefix.rows, prefix.prompts, strict=True):
+        pk, pv = prompt[module.layer_idx]
         n_rows = rows.numel()
-        qg = q[rows].permute(1, 0, 2, 3).reshape(1, n_kv, n_rows * groups, d)
+        qg = q.index_select(0, rows).transpose(0, 1).reshape(1, n_kv, n_rows * groups, d)
         o, lse = _attention_with_lse(qg, pk[None], pv[None], scale)
-        o_pre[rows] = o.reshape(n_kv, n_rows, groups, d).permute(1, 0, 2, 3)
-        lse_pre[rows] = lse.reshape(n_kv, n_rows, groups).permute(1, 0, 2)
+        o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
+        lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
     # Each row's weights are padded to a multiple of 16 lanes so that the vectorised sigmoid
     # treats every row alike (a CPU kernel's scalar tail could otherwise round the last rows
     # differently, and the full control would no longer reproduce the reference bit for bit).
@@ -296,7 +293,8 @@ class DocumentRollout:
     y_eos: np.ndarray
     n_prompt: int
     n_kept: int
-    batch_rows: int = 0
+    batch_rows: int = 0  # the most rows a model call could hold (largest chunk ran)
+    rows_per_replicate: int = 3  # X, and Y and Z per evicting action of the reference group
     logits: dict[str, np.ndarray] | None = None
     prefill_seconds: float = 0.0
     selection_seconds: float = 0.0
@@ -379,11 +377,14 @@ def _rollout_chunk(
 ) -> list[dict[str, np.ndarray]]:
     """Coupled rollouts of ``replicates`` under every intervention, sharing one X stream.
 
-    Each step runs one model call for the k reference rows X (full prompt cache) and one per
-    evicted intervention for its 2k rows ``[Y | Z]`` (Z: Q fed X's tokens). The X call's batch
-    does not depend on the interventions, so X and every action's Y and Z are bit-identical to
-    a chunk with that action alone. An intervention with ``prefix=None`` keeps everything: its
-    Q is P itself (δ ≡ f ≡ 0, Y ≡ X) and it runs no rows.
+    Each step runs ONE model call for all rows (DESIGN §4): the k reference rows X (full
+    prompt cache), then each evicted intervention's k Y rows, then the Z rows (Q fed X's
+    tokens, for f_t; on the intervention's evicted cache) of the (intervention, replicate)
+    pairs whose X and Y histories have split, in the order they split. Before its split a
+    replicate's Z is Y itself (the same cache, the same tokens), so Q on X's history is Y's
+    Q, bit for bit, and no row runs for it; at the split the Z row starts from a copy of the
+    Y row's generated entries. An intervention with ``prefix=None`` keeps everything: its Q
+    is P itself (δ ≡ f ≡ 0, Y ≡ X) and it runs no rows.
     """
     device = prefill.last_logits.device
     k = len(replicates)
@@ -391,23 +392,24 @@ def _rollout_chunk(
     n_layers = len(prefill.keys)
     n_kv, _, d = prefill.keys[0].shape
     dtype = prefill.keys[0].dtype
-    capacity = max(H - 1, 1)
-    x_shared = SharedPrefix([[(0, k, *prefix_full[layer])] for layer in range(n_layers)])
-    x_cache = RowCache(n_layers, k, n_kv, d, capacity, dtype, device)
     evicted = [i for i, act in enumerate(interventions) if act.prefix is not None]
-    shared = {
-        i: SharedPrefix(
-            [
-                [
-                    (0, k, *interventions[i].prefix[layer]),
-                    (k, 2 * k, *interventions[i].prefix[layer]),
-                ]
-                for layer in range(n_layers)
-            ]
-        )
-        for i in evicted
-    }
-    caches = {i: RowCache(n_layers, 2 * k, n_kv, d, capacity, dtype, device) for i in evicted}
+    y_start = {i: k * (1 + j) for j, i in enumerate(evicted)}  # batch rows of each Y block
+    cache = RowCache(n_layers, k * (1 + 2 * len(evicted)), n_kv, d, max(H - 1, 1), dtype, device)
+    cache.rows = k * (1 + len(evicted))  # X and Y rows; Z rows join as histories split
+    arange = torch.arange(cache.keys[0].shape[0], device=device)
+    z_slots = {i: arange[:0] for i in evicted}  # batch rows of each intervention's Z rows
+    z_reps = {i: arange[:0] for i in evicted}  # … and their replicates
+    slot_reps = arange[:0]  # the replicate of every Z row, in batch order
+    z_started = {i: torch.zeros(k, dtype=torch.bool, device=device) for i in evicted}
+    prompts = [list(prefix_full)] + [list(interventions[i].prefix) for i in evicted]
+
+    def prefix() -> SharedPrefix:
+        rows = [arange[:k]] + [
+            torch.cat([arange[y_start[i] : y_start[i] + k], z_slots[i]]) for i in evicted
+        ]
+        return SharedPrefix(rows, prompts)
+
+    shared = prefix()
     eos = torch.tensor(list(eos_ids), device=device)
     canonical = int(eos_ids[0])
     first = prefill.last_logits.float()
@@ -434,24 +436,36 @@ def _rollout_chunk(
     x_done = torch.zeros(k, dtype=torch.bool, device=device)
     y_done = [torch.zeros(k, dtype=torch.bool, device=device) for _ in interventions]
     split = [torch.zeros(k, dtype=torch.bool, device=device) for _ in interventions]
-    x_logits = first.expand(k, vocab)
-    yz_logits = {i: first.expand(2 * k, vocab) for i in evicted}
+    logits = first.expand(cache.rows, vocab)  # this step's logits of every batch row
+
+    def absorbed(kernel: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """The kernel with the point mass on EOS in the rows that have emitted EOS."""
+        return torch.where(done[:, None], point_mass, kernel) if bool(done.any()) else kernel
+
+    def streams(rows: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Intervention i's per-replicate Q (Y rows) and Q on X's history (Z where split)."""
+        y_part = rows[y_start[i] : y_start[i] + k]
+        if not z_slots[i].numel():
+            return y_part, y_part
+        return y_part, y_part.index_copy(0, z_reps[i], rows.index_select(0, z_slots[i]))
+
     with _attention_implementation(model, ATTENTION_NAME):
         for t in range(1, H + 1):
-            p_raw = x_logits.double().softmax(dim=-1)
-            p = torch.where(x_done[:, None], point_mass, p_raw)
+            probs = logits.double().softmax(dim=-1)
+            p_raw = probs[:k]
+            p = absorbed(p_raw, x_done)
             x = None
             for i in range(len(interventions)):
-                if i in yz_logits:
-                    q_raw, q_fixed_raw = yz_logits[i].double().softmax(dim=-1).split(k)
+                if i in y_start:
+                    q_raw, q_fixed_raw = streams(probs, i)
                 else:  # nothing evicted: Q is P as a kernel
                     q_raw = q_fixed_raw = p_raw
                 if keep_logits:
-                    own = yz_logits[i].float().split(k) if i in yz_logits else (x_logits,) * 2
-                    for name, part in zip(("p", "q", "q_fixed"), (x_logits, *own), strict=True):
+                    own = streams(logits, i) if i in y_start else (logits[:k],) * 2
+                    for name, part in zip(("p", "q", "q_fixed"), (logits[:k], *own), strict=True):
                         kept_logits[i][name].append(part.float().cpu())
-                q = torch.where(y_done[i][:, None], point_mass, q_raw)
-                q_fixed = torch.where(x_done[:, None], point_mass, q_fixed_raw)
+                q = absorbed(q_raw, y_done[i])
+                q_fixed = absorbed(q_fixed_raw, x_done)
                 x_i, y = maximal_coupling_step(p, q, uniforms[t - 1])
                 x = x_i if x is None else x  # X ~ p by inverse CDF: the same for every q
                 y_done[i] = y_done[i] | torch.isin(y, eos)
@@ -467,12 +481,24 @@ def _rollout_chunk(
             x_eos[:, t - 1] = x_done
             if t == H:
                 break
-            x_logits = _decode_step(model, x, n + t - 1, x_cache, x_shared)
+            grown = False
             for i in evicted:
-                # Z's prompt attention equals Y's until the histories split: split rows only
-                shared[i].mirror = (k, 0, split[i].nonzero()[:, 0])
-                tokens = torch.cat([out[i]["y_token"][:, t - 1], x])
-                yz_logits[i] = _decode_step(model, tokens, n + t - 1, caches[i], shared[i])
+                new = (split[i] & ~z_started[i]).nonzero()[:, 0]
+                z_started[i] = split[i].clone()
+                if new.numel():  # newly split: the Z row starts from the Y row's history
+                    slots = arange[cache.rows : cache.rows + new.numel()]
+                    cache.copy_rows(y_start[i] + new, slots)
+                    cache.rows += new.numel()
+                    z_slots[i] = torch.cat([z_slots[i], slots])
+                    z_reps[i] = torch.cat([z_reps[i], new])
+                    slot_reps = torch.cat([slot_reps, new])
+                    grown = True
+            if grown:
+                shared = prefix()
+            tokens = torch.cat(
+                [x] + [out[i]["y_token"][:, t - 1] for i in evicted] + [x[slot_reps]]
+            )
+            logits = _decode_step(model, tokens, n + t - 1, cache, shared)
     x_arrays = {"x_token": x_token.cpu().numpy(), "x_eos": x_eos.cpu().numpy()}
     results = []
     for i, fields_i in enumerate(out):
@@ -484,12 +510,15 @@ def _rollout_chunk(
     return results
 
 
-def _rollout_replicates(replicates: np.ndarray, run: Any, max_rows: int) -> tuple[list[Any], int]:
-    """Run ``run`` on chunks of at most ``max_rows // 3`` replicates; halve a chunk on OOM.
+def _rollout_replicates(
+    replicates: np.ndarray, run: Any, max_rows: int, rows_per_replicate: int
+) -> tuple[list[Any], int]:
+    """Run ``run`` on chunks of at most ``max_rows // rows_per_replicate`` replicates (at least
+    one); halve a chunk on out-of-memory.
 
     Returns the results in replicate order and the largest chunk size that ran.
     """
-    chunk = max(1, max_rows // 3)
+    chunk = max(1, max_rows // rows_per_replicate)
     pending = [replicates[i : i + chunk] for i in range(0, len(replicates), chunk)]
     results = []
     fitted = 0
@@ -507,6 +536,13 @@ def _rollout_replicates(replicates: np.ndarray, run: Any, max_rows: int) -> tupl
             log.warning("out of memory with %d replicates; splitting into halves", len(part))
             pending[:0] = [part[:half], part[half:]]
     return results, fitted
+
+
+def _own_row_steps(arrays: Mapping[str, np.ndarray]) -> int:
+    """Row-steps an evicting action's model calls ran: every Y row at each of the H − 1
+    decoding steps, and a replicate's Z row at each decoding step after its X and Y split."""
+    split = np.logical_or.accumulate(arrays["x_token"] != arrays["y_token"], axis=1)
+    return int(split.shape[0] * (split.shape[1] - 1) + split[:, :-1].sum())
 
 
 def _gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -570,10 +606,9 @@ def rollout_document_actions(
     its kept entries from it. Actions with the same replicates share one reference stream X
     (:func:`reference_groups`); each evicting action adds its Y and Z rows. ``replicates``: K
     or explicit indices for every action, or a mapping action name → K or indices (e.g. the
-    control's K_control). Every action's result is bit-identical to :func:`rollout_document`
-    with that action alone: the model calls of X and of each action's [Y | Z] rows have the
-    same batches either way (and the prefill's window queries the same length when the SnapKV
-    actions share their window). Returns ``{action name: DocumentRollout}``.
+    control's K_control). All rows of a reference group run in one model call per step, so an
+    action's result equals :func:`rollout_document` with that action alone to floating-point
+    rounding (the batch differs). Returns ``{action name: DocumentRollout}``.
 
     ``input_ids``: the chat-wrapped prompt (:func:`kvdiverge.models.chat_prompt_ids`);
     ``eos_ids``: EOS token ids, the first one canonical. ``keep_logits`` also returns the
@@ -589,9 +624,10 @@ def rollout_document_actions(
     synchronize; they change no value): ``prefill_seconds`` of the document's one prefill (the
     same for every action, 0 when ``prefill`` is passed in), the action's own
     ``selection_seconds`` (selection and gather), and ``decode_seconds``: its reference group's
-    decode seconds × the rows per replicate the action would run alone (3: X, Y, Z; 1 for an
-    exact identity) / the rows the group ran (the shared X once), i.e. the decode cost of an
-    evaluation run of the action alone at the group's cost per row.
+    decode seconds × the row-steps the action would run alone (X's, its Y rows', its Z rows'
+    after each split; X's only for an exact identity) / the row-steps the group ran (the
+    shared X once), i.e. the decode cost of an evaluation run of the action alone at the
+    group's cost per row-step.
     """
     _check_rollout_args(coupling, H, eos_ids)
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
@@ -644,16 +680,26 @@ def rollout_document_actions(
                 keep_logits,
             )
 
+        # batch rows per replicate: X, and each evicting member's Y and (at most) Z
+        per_replicate = 1 + 2 * sum(interventions[i].prefix is not None for i in members)
         start = _clock(device)
         parts, fitted = _rollout_replicates(
-            np.asarray(group_reps, dtype=np.int64), run, max_batch_rows
+            np.asarray(group_reps, dtype=np.int64), run, max_batch_rows, per_replicate
         )
         group_seconds = _clock(device) - start
-        # rows per replicate: each member's alone (X, or X, Y, Z) and the group's (X shared)
-        alone = {i: 1 if interventions[i].prefix is None else 3 for i in members}
-        group_rows = 1 + sum(r - 1 for r in alone.values())
+        merged_parts = [
+            {name: np.concatenate([p[j][name] for p in parts]) for name in parts[0][j]}
+            for j in range(len(members))
+        ]
+        # row-steps the group's model calls ran: X's (shared), each member's Y and Z rows
+        x_rows = len(group_reps) * (H - 1)
+        own = [
+            0 if interventions[i].prefix is None else _own_row_steps(merged)
+            for i, merged in zip(members, merged_parts, strict=True)
+        ]
+        group_rows = x_rows + sum(own)
         for j, i in enumerate(members):
-            merged = {name: np.concatenate([p[j][name] for p in parts]) for name in parts[0][j]}
+            merged = merged_parts[j]
             logits = {n[len("logits_") :]: v for n, v in merged.items() if n.startswith("logits_")}
             results[specs[i].name] = DocumentRollout(
                 doc_id=doc_id,
@@ -666,11 +712,12 @@ def rollout_document_actions(
                 y_eos=merged["y_eos"],
                 n_prompt=prefill.n,
                 n_kept=int(kept[specs[i].name].shape[-1]),
-                batch_rows=3 * fitted,
+                batch_rows=per_replicate * fitted,
+                rows_per_replicate=per_replicate,
                 logits=logits or None,
                 prefill_seconds=prefill_seconds,
                 selection_seconds=selection_seconds[specs[i].name],
-                decode_seconds=group_seconds * alone[i] / group_rows,
+                decode_seconds=group_seconds * (x_rows + own[j]) / max(group_rows, 1),
             )
     return {name: results[name] for name in names}
 
@@ -781,7 +828,8 @@ def rollout_documents_actions(
                 model, ids, running, doc_id, counts, H, seed, eos_ids, coupling, rows
             )
             for name, result in results.items():
-                if result.batch_rows < min(rows, 3 * len(result.replicates)):
+                per = result.rows_per_replicate
+                if result.batch_rows < min(max(1, rows // per), len(result.replicates)) * per:
                     rows = result.batch_rows  # an out-of-memory split: keep the size that fitted
                 rollouts[name].append(result)
                 if timing is not None:
@@ -901,13 +949,13 @@ def run_stratum_rollout_job(
     of a study → one trajectory file per action (§3.2).
 
     The model loads once and each document is prefilled once for all actions
-    (:func:`rollout_documents_actions`); every file is bit-identical to the one
-    :func:`run_rollout_job` writes for that action alone. ``out_paths``, ``actions`` (spec
-    dicts) and ``cohorts`` (cohort → K) are keyed by action name. Inputs are checked before the
-    model loads; progress (one tick per document) goes to ``log_file``. Each file's metadata
-    key ``timing`` holds the action's measured seconds (``rollout_documents_actions``'s
-    ``timing``; SPEC §5 sample-size planning reads them): the only part of a file that differs
-    between reruns.
+    (:func:`rollout_documents_actions`); every file equals the one :func:`run_rollout_job`
+    writes for that action alone up to floating-point rounding of δ and f. ``out_paths``,
+    ``actions`` (spec dicts) and ``cohorts`` (cohort → K) are keyed by action name. Inputs are
+    checked before the model loads; progress (one tick per document) goes to ``log_file``.
+    Each file's metadata key ``timing`` holds the action's measured seconds
+    (``rollout_documents_actions``'s ``timing``; SPEC §5 sample-size planning reads them): the
+    only part of a file that differs between reruns.
     """
     from tqdm import tqdm
 
