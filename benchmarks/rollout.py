@@ -11,8 +11,9 @@ prefill and the same SnapKV-half eviction:
   in transformers ``DynamicCache``s, a step-by-step batch-1 forward per stream.
 
 Reports coupled token pairs per second (K·H / decoding wall time after a shared prefill and
-the selection, both timed apart; best of ``--repeats`` runs, each cell in a fresh
-subprocess), side by side with the speed-up; the KV memory each approach holds (exact
+the selection, both timed apart; median over runs, each (n, K) cell in a fresh subprocess,
+engine and baseline interleaved in rounds so that both see the same machine), side by side
+with the speed-up (median and range over rounds); the KV memory each approach holds (exact
 accounting: the engine's one prompt cache, one evicted copy and at most 3K·H generated
 entries, against K per-replicate copies); on CUDA also the peak memory the rollout adds
 (``max_memory_allocated``); and checks that both produce the same tokens.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from kvdiverge.coupling import Stream, crn_uniforms, document_key, maximal_coupling_step, tv
-from kvdiverge.engine import rollout_document
+from kvdiverge.engine import rollout_document, rollout_document_actions
 from kvdiverge.eviction import parse_action, run_prefill, select_positions
 from kvdiverge.models import build_demo_model, eos_token_ids, load_model, load_tokenizer
 
@@ -130,63 +130,134 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _one(method: str, model_dir: str, n: int, K: int, H: int, device: str, repeats: int) -> dict:
+STUDY_ACTIONS = [
+    parse_action({"selector": "snapkv", "budget": 512}, name="snapkv-512"),
+    ACTION,
+    parse_action({"selector": "recent", "budget": 0.5}, name="recent-half"),
+    parse_action({"selector": "full"}, name="full"),
+]
+
+
+def _study(model_dir: str, n: int, K: int, H: int, device: str, rounds: int) -> dict:
+    """Study 1's four actions on one document: one job (all rows in one model call per step)
+    against one run per action, in the same process, interleaved, best of ``rounds``;
+    seconds after the shared prefill (selections included on both sides)."""
+    model = load_model(model_dir, device=device)
+    tokenizer = load_tokenizer(model_dir)
+    eos = eos_token_ids(model, tokenizer)
+    ids = _prompt_ids(tokenizer, n)
+    dev = next(model.parameters()).device
+    prefill = run_prefill(model, ids, ACTION.window)
+    rows = 7 * K  # X, and Y and Z for each of the three evicting actions
+
+    def job() -> dict:
+        return rollout_document_actions(
+            model, ids, STUDY_ACTIONS, DOC, K, H, SEED, eos, max_batch_rows=rows, prefill=prefill
+        )
+
+    def separate() -> dict:
+        return {
+            a.name: rollout_document(
+                model, ids, a, DOC, K, H, SEED, eos, max_batch_rows=rows, prefill=prefill
+            )
+            for a in STUDY_ACTIONS
+        }
+
+    times: dict[str, list[float]] = {"job": [], "separate": []}
+    results = {}
+    for _ in range(rounds + 1):  # the first round initialises
+        for name, run in (("job", job), ("separate", separate)):
+            start = _clock(dev)
+            results[name] = run()
+            times[name].append(_clock(dev) - start)
+    same = np.mean(
+        [
+            np.array_equal(results["job"][a.name].y_token, results["separate"][a.name].y_token)
+            for a in STUDY_ACTIONS
+        ]
+    )
+    return {
+        "n": n,
+        "K": K,
+        "job_seconds": min(times["job"][1:]),
+        "separate_seconds": min(times["separate"][1:]),
+        "same_tokens": float(same),
+    }
+
+
+def _cell(model_dir: str, n: int, K: int, H: int, device: str, rounds: int) -> dict:
+    """Engine against baseline on one (n, K) cell, interleaved in one process.
+
+    After one untimed run of each (initialisation; on CUDA the peak memory each adds), every
+    round times three engine runs and one baseline run back to back, so that both see the
+    same machine; the round's speed-up is the baseline's seconds over the engine's median.
+    Reported: median seconds of each method over all its runs and the median, minimum and
+    maximum of the per-round speed-ups.
+    """
     model = load_model(model_dir, device=device)
     tokenizer = load_tokenizer(model_dir)
     eos = eos_token_ids(model, tokenizer)
     ids = _prompt_ids(tokenizer, n)
     dev = next(model.parameters()).device
 
-    start = time.perf_counter()
+    start = _clock(dev)
     prefill = run_prefill(model, ids, ACTION.window)  # shared by both methods, timed apart
-    prefill_seconds = time.perf_counter() - start
+    prefill_seconds = _clock(dev) - start
+    start = _clock(dev)
+    select_positions(prefill, ACTION)  # the same code for both methods: timed apart
+    selection_seconds = _clock(dev) - start
 
-    def run() -> tuple[np.ndarray, float]:
-        if method == "engine":  # decode seconds as the engine measures them (after selection)
-            r = rollout_document(
-                model, ids, ACTION, DOC, K, H, SEED, eos, max_batch_rows=3 * K, prefill=prefill
-            )
-            return np.stack([r.x_token, r.y_token], axis=-1), r.decode_seconds
+    def engine() -> tuple[np.ndarray, float]:  # decode seconds as the engine measures them
+        r = rollout_document(
+            model, ids, ACTION, DOC, K, H, SEED, eos, max_batch_rows=3 * K, prefill=prefill
+        )
+        return np.stack([r.x_token, r.y_token], axis=-1), r.decode_seconds
+
+    def baseline() -> tuple[np.ndarray, float]:
         return baseline_rollout(model, prefill, K, H, eos)
 
-    def usage() -> int:
+    tokens, peaks = {}, {}
+    for name, run in (("engine", engine), ("baseline", baseline)):
         if dev.type == "cuda":
             torch.cuda.synchronize()
-            return torch.cuda.max_memory_allocated()
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    base = usage() if dev.type != "cuda" else torch.cuda.memory_allocated()
-    tokens, _ = run()  # first run: peak memory (and one-time initialisation)
-    peak = usage() - base
-    times = []
-    for _ in range(repeats):  # best of `repeats`: the machine may be shared
-        again, decode_seconds = run()
-        times.append(decode_seconds)
-        assert np.array_equal(tokens, again)
-    seconds = min(times)
-    start = _clock(dev)
-    select_positions(prefill, ACTION)  # the same code for both methods: reported apart
-    selection_seconds = _clock(dev) - start
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        tokens[name], _ = run()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    times: dict[str, list[float]] = {"engine": [], "baseline": []}
+    ratios = []
+    for _ in range(rounds):
+        round_engine = []
+        for _ in range(3):
+            again, seconds = engine()
+            assert np.array_equal(again, tokens["engine"])  # reruns are bit-identical
+            round_engine.append(seconds)
+        again, seconds = baseline()
+        assert np.array_equal(again, tokens["baseline"])
+        times["engine"] += round_engine
+        times["baseline"].append(seconds)
+        ratios.append(seconds / float(np.median(round_engine)))
     entry = 2 * len(prefill.keys) * prefill.keys[0].shape[0] * prefill.head_dim
     entry *= prefill.keys[0].element_size()
     n_keep = ACTION.n_keep(prefill.n)
     shared_kv = entry * (prefill.n + n_keep + 3 * K * (H - 1))  # engine: one copy of each part
     copies_kv = entry * (prefill.n + K * (prefill.n + 2 * n_keep + 3 * (H - 1)))  # K copies
     return {
-        "method": method,
         "n": n,
         "K": K,
-        "H": H,
-        "seconds": seconds,
         "prefill_seconds": prefill_seconds,
         "selection_seconds": selection_seconds,
-        "pairs_per_s": K * H / seconds,
-        "peak_mb": peak / 2**20,
+        "engine_pairs_per_s": K * H / float(np.median(times["engine"])),
+        "baseline_pairs_per_s": K * H / float(np.median(times["baseline"])),
+        "speedup": float(np.median(ratios)),
+        "speedup_min": min(ratios),
+        "speedup_max": max(ratios),
+        "peak_mb": peaks,
         "shared_kv_mb": shared_kv / 2**20,
         "copies_kv_mb": copies_kv / 2**20,
-        "tokens": tokens.tolist(),
+        "same_tokens": float(np.mean(tokens["engine"] == tokens["baseline"])),
         "device": str(dev),
         "threads": torch.get_num_threads(),
     }
@@ -198,61 +269,75 @@ def main() -> None:
     parser.add_argument("--K", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--H", type=int, default=32)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (best kept)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per cell")
     parser.add_argument("--one", nargs=3, metavar=("METHOD", "N", "K"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         method, n, k = args.one[0], int(args.one[1]), int(args.one[2])
-        print(json.dumps(_one(method, args.model_dir, n, k, args.H, args.device, args.repeats)))
+        run = _study if method == "study" else _cell
+        print(json.dumps(run(args.model_dir, n, k, args.H, args.device, args.rounds)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(build_demo_model("llama", Path(tmp) / "tiny-llama", seed=0))
-        rows = []
+        cells, studies = [], []
         for n in args.lengths:
             for k in args.K:
-                cell = {}
-                for method in ("engine", "baseline"):
+                for method, out in (("cell", cells), ("study", studies)):
                     cmd = [sys.executable, __file__, "--one", method, str(n), str(k)]
                     cmd += ["--H", str(args.H), "--device", args.device, "--model-dir", model_dir]
-                    cmd += ["--repeats", str(args.repeats)]
-                    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-                    cell[method] = json.loads(out.stdout.strip().splitlines()[-1])
-                e, b = cell["engine"], cell["baseline"]
-                same = np.mean(np.array(e["tokens"]) == np.array(b["tokens"]))
-                rows.append((n, k, e, b, same))
+                    cmd += ["--rounds", str(args.rounds)]
+                    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                    out.append(json.loads(done.stdout.strip().splitlines()[-1]))
                 print(f"done n={n} K={k}", file=sys.stderr, flush=True)
-    e0 = rows[0][2]
+    c0 = cells[0]
     print(
-        f"device {e0['device']}, torch threads {e0['threads']}, H = {args.H}, "
-        f"action {ACTION.name}, tiny Llama demo model (2 layers, hidden 64, GQA 4/2). "
-        "Throughput: decoding only (after one shared prefill and the SnapKV selection, the "
-        "same code for both methods, timed apart: "
+        f"device {c0['device']}, torch threads {c0['threads']}, H = {args.H}, "
+        f"action {ACTION.name}, tiny Llama demo model (2 layers, hidden 64, GQA 4/2), "
+        f"{args.rounds} rounds per cell (each: 3 engine runs, 1 baseline run, back to back). "
+        "Throughput: decoding only, median over runs (after one shared prefill and the SnapKV "
+        "selection, the same code for both methods, timed apart: "
         + ", ".join(
-            f"n={n}: prefill {e['prefill_seconds']:.2f} s, selection {e['selection_seconds']:.3f} s"
-            for n, k, e, _, _ in rows
-            if k == args.K[0]
+            f"n={c['n']}: prefill {c['prefill_seconds']:.2f} s, "
+            f"selection {c['selection_seconds']:.3f} s"
+            for c in cells
+            if c["K"] == args.K[0]
         )
-        + "); peak: CUDA memory added by the rollout (not measured on CPU, where a few MB of "
-        "peak-RSS growth is allocator noise); KV held (exact): the engine's prompt cache, "
-        "evicted copy and generated entries, against K per-replicate copies (a batched "
-        "baseline).\n"
+        + "); speed-up: median [min–max] over rounds of baseline seconds / engine seconds; "
+        "peak: CUDA memory added by the rollout (not measured on CPU); KV held (exact): the "
+        "engine's prompt cache, evicted copy and at most 3K·H generated entries, against K "
+        "per-replicate copies.\n"
     )
     print(
         "| prompt n | K | engine pairs/s | baseline pairs/s | speed-up | "
         "engine peak MB | baseline peak MB | KV held: shared MB | KV if K copies MB | same tokens |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-
-    def peak(cell: dict) -> str:  # CPU peak-RSS growth of a few MB is allocator noise
-        return f"{cell['peak_mb']:.1f}" if cell["device"].startswith("cuda") else "—"
-
-    for n, k, e, b, same in rows:
+    for c in cells:
+        peak = {
+            m: f"{c['peak_mb'][m]:.1f}" if m in c["peak_mb"] else "—"
+            for m in ("engine", "baseline")
+        }
         print(
-            f"| {n} | {k} | {e['pairs_per_s']:.0f} | {b['pairs_per_s']:.1f} | "
-            f"{e['pairs_per_s'] / b['pairs_per_s']:.1f}× | {peak(e)} | {peak(b)} | "
-            f"{e['shared_kv_mb']:.2f} | {e['copies_kv_mb']:.2f} | "
-            f"{same:.1%} |"
+            f"| {c['n']} | {c['K']} | {c['engine_pairs_per_s']:.0f} | "
+            f"{c['baseline_pairs_per_s']:.1f} | {c['speedup']:.1f}× "
+            f"[{c['speedup_min']:.1f}–{c['speedup_max']:.1f}] | {peak['engine']} | "
+            f"{peak['baseline']} | {c['shared_kv_mb']:.2f} | {c['copies_kv_mb']:.2f} | "
+            f"{c['same_tokens']:.1%} |"
+        )
+    print(
+        "\nA study's job: study 1's four actions (SnapKV-512, SnapKV-half, recent-half, full) on "
+        "one document, one job (X shared; X, Y and Z rows of every action in one model call "
+        "per step) against one run per action (each with its own X rows), seconds after the "
+        "shared prefill, selections included, interleaved in one process, best of "
+        f"{args.rounds}:\n"
+    )
+    print("| prompt n | K | one job s | one run per action s | speed-up | same tokens |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for st in studies:
+        print(
+            f"| {st['n']} | {st['K']} | {st['job_seconds']:.3f} | {st['separate_seconds']:.3f} | "
+            f"{st['separate_seconds'] / st['job_seconds']:.1f}× | {st['same_tokens']:.0%} |"
         )
 
 

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvdiverge.config import ConfigError, module_fingerprint, validate_config
+from kvdiverge.config import (
+    ConfigError,
+    check_generation_reserve,
+    module_fingerprint,
+    validate_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -87,3 +92,22 @@ def test_module_fingerprint_tracks_source(tmp_path, monkeypatch):
     assert module_fingerprint("fp_pkg") != fall
     with pytest.raises(ConfigError, match="no module named 'fp_pkg.missing'"):
         module_fingerprint("fp_pkg.missing")
+
+
+def test_generation_reserve_must_cover_the_horizon():
+    """A prompt fitted with less reserve than H would run past its stratum's length."""
+    config = default_config()
+    validate_config(config, SCHEMA)
+    check_generation_reserve(config)  # the embedded default: reserve = H
+    for reserve, ok in ((config["rollout"]["H"] + 1, True), (config["rollout"]["H"] - 1, False)):
+        changed = copy.deepcopy(config)
+        changed["datasets"]["generation_reserve"] = reserve
+        if ok:
+            check_generation_reserve(changed)
+            continue
+        with pytest.raises(ConfigError) as err:
+            check_generation_reserve(changed)
+        message = str(err.value)
+        assert "\n" not in message
+        assert message.startswith("config.datasets.generation_reserve: ")
+        assert f"expected an integer >= {config['rollout']['H']}" in message

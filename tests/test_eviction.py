@@ -183,7 +183,7 @@ def test_short_prompts_are_clear_errors(demo):
         kept_positions(model, short, {"name": "s", "selector": "snapkv", "budget": 0.5})
     with pytest.raises(ActionError, match="fewer than the 64-token observation window"):
         kept_positions(model, ids, {"name": "s", "selector": "snapkv", "budget": 0.1})
-    with pytest.raises(ActionError, match="too short for 4 sink"):
+    with pytest.raises(ActionError, match="too short for the 4 sink"):
         kept_positions(model, ids[:4], {"name": "r", "selector": "recent", "budget": 0.5})
     with pytest.raises(ActionError, match="fewer than the 4 sink"):
         kept_positions(model, ids[:7], {"name": "r", "selector": "recent", "budget": 0.5})

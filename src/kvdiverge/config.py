@@ -17,7 +17,13 @@ from typing import Any
 import jsonschema
 import yaml
 
-__all__ = ["ConfigError", "load_schema", "module_fingerprint", "validate_config"]
+__all__ = [
+    "ConfigError",
+    "check_generation_reserve",
+    "load_schema",
+    "module_fingerprint",
+    "validate_config",
+]
 
 
 class ConfigError(ValueError):
@@ -95,6 +101,22 @@ def validate_config(config: dict[str, Any], schema: Mapping[str, Any] | str | os
         else:
             msg = f"{_field(err)}: {_describe(err)}"
         raise ConfigError(msg.replace("\n", " "))
+
+
+def check_generation_reserve(config: Mapping[str, Any]) -> None:
+    """Every prompt must leave room for the horizon: ``datasets.generation_reserve`` ≥
+    ``rollout.H`` (SPEC §5; RULER's budget rule n + tokens_to_generate ≤ target length).
+
+    Raises :class:`ConfigError` in one line otherwise. A larger reserve is allowed (shorter
+    prompts than the stratum's length would admit).
+    """
+    reserve = config.get("datasets", {}).get("generation_reserve")
+    horizon = config.get("rollout", {}).get("H")
+    if reserve is not None and horizon is not None and reserve < horizon:
+        raise ConfigError(
+            f"config.datasets.generation_reserve: {reserve} leaves less room than the "
+            f"rollout.H = {horizon} generated tokens; expected an integer >= {horizon}"
+        )
 
 
 def module_fingerprint(*modules: str) -> str:

@@ -280,6 +280,18 @@ def register_selector(cls: type[Selector]) -> type[Selector]:
     return cls
 
 
+def _check_always_kept(action: ActionSpec, n: int, n_keep: int, count: int, what: str) -> None:
+    """The prompt (n tokens) and the budget (n_keep) must leave room for ``count`` positions the
+    selector always keeps (``what``, e.g. the sinks): a clear error, never silent nonsense."""
+    if n <= count:
+        raise ActionError(f"action {action.name!r}: prompt of {n} tokens is too short for {what}")
+    if n_keep < count:
+        raise ActionError(
+            f"action {action.name!r}: budget keeps {n_keep} entries of a {n}-token prompt, "
+            f"fewer than {what}"
+        )
+
+
 @register_selector
 class FullSelector(Selector):
     """Full retention: the control action, keeps every prompt entry (SPEC §5: δ ≡ 0)."""
@@ -310,16 +322,7 @@ class RecentSelector(Selector):
             )
 
     def check(self, action: ActionSpec, n: int, n_keep: int) -> None:
-        if n <= action.sinks:
-            raise ActionError(
-                f"action {action.name!r}: prompt of {n} tokens is too short for "
-                f"{action.sinks} sink positions"
-            )
-        if n_keep < action.sinks:
-            raise ActionError(
-                f"action {action.name!r}: budget keeps {n_keep} entries of a {n}-token prompt, "
-                f"fewer than the {action.sinks} sink positions"
-            )
+        _check_always_kept(action, n, n_keep, action.sinks, f"the {action.sinks} sink positions")
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
         n, s = prefill.n, action.sinks
@@ -377,16 +380,8 @@ class SnapKVSelector(Selector):
             )
 
     def check(self, action: ActionSpec, n: int, n_keep: int) -> None:
-        if n <= action.window:
-            raise ActionError(
-                f"action {action.name!r}: prompt of {n} tokens is too short for the "
-                f"{action.window}-token observation window"
-            )
-        if n_keep < action.window:
-            raise ActionError(
-                f"action {action.name!r}: budget keeps {n_keep} entries of a {n}-token prompt, "
-                f"fewer than the {action.window}-token observation window"
-            )
+        what = f"the {action.window}-token observation window"
+        _check_always_kept(action, n, n_keep, action.window, what)
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
         n, w = prefill.n, action.window

@@ -320,40 +320,10 @@ def build_demo_model(
     exactly like a real model. Deterministic in ``seed``. ``llama``: grouped-query attention;
     ``qwen2``: non-zero q/k/v biases and a different tokenizer and template.
     """
-    from transformers import (
-        GenerationConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-        PreTrainedTokenizerFast,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
-    if kind not in _DEMO_SPECS:
-        raise ValueError(f"demo: expected one of {', '.join(DEMO_KINDS)}, got {kind!r}")
-    spec = _DEMO_SPECS[kind]
-    raw = _train_demo_tokenizer(spec["vocab_size"], spec["special"])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        eos_token=spec["eos"],
-        bos_token=spec["bos"],
-        pad_token="<|endoftext|>",
-        chat_template=spec["template"],
-    )
-    ids = {t: raw.token_to_id(t) for t in spec["special"]}
-    eos_id = ids[spec["eos"]]
-    bos_id = ids[spec["bos"]] if spec["bos"] else None
-    cfg_cls, model_cls = (
-        (LlamaConfig, LlamaForCausalLM) if kind == "llama" else (Qwen2Config, Qwen2ForCausalLM)
-    )
-    config = cfg_cls(
-        vocab_size=raw.get_vocab_size(),
-        initializer_range=initializer_range,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        pad_token_id=ids["<|endoftext|>"],
-        **spec["config"],
-    )
+    tokenizer, config = demo_tokenizer_and_config(kind, initializer_range)
+    model_cls = LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM
     gen = torch.Generator().manual_seed(int(seed))
     model = model_cls(config)
     with torch.no_grad():
@@ -372,17 +342,4 @@ def build_demo_model(
                     scale = embed_range
                 param.copy_(torch.randn(param.shape, generator=gen) * scale)
     model.eval()
-    model.generation_config = GenerationConfig(
-        bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=ids["<|endoftext|>"]
-    )
-    out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+    return save_model_dir(model, tokenizer, out_dir)

@@ -31,6 +31,7 @@ from pathlib import Path
 import polars as pl
 
 from kvdiverge.analysis.estimands import ESTIMAND_COLUMNS
+from kvdiverge.analysis.prediction import PREDICTION_COLUMNS
 from kvdiverge.io import atomic_path, atomic_write_text
 
 __all__ = [
@@ -58,19 +59,6 @@ __all__ = [
     "write_study_tables",
     "write_table",
 ]
-
-PREDICTION_COLUMNS = (
-    "model",
-    "observation",
-    "predictor",
-    "contrast",
-    "quantity",
-    "value",
-    "ci_low",
-    "ci_high",
-    "ci_level",
-    "decision",
-)
 
 
 class StudyTableError(ValueError):

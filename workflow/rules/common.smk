@@ -1,9 +1,10 @@
 # Configuration validation, path building and provenance fingerprints.
 import os
 
-from kvdiverge.config import module_fingerprint, validate_config
+from kvdiverge.config import check_generation_reserve, module_fingerprint, validate_config
 
 validate_config(config, os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"))
+check_generation_reserve(config)
 
 
 def fingerprint(*modules):

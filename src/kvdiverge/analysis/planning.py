@@ -19,8 +19,9 @@ c_doc = Σ(prefill + selection seconds) / Σ documents and c_rep = Σ decode sec
 (:func:`cost_from_timing`). Attribution: a rollout job runs every action of a study with ONE
 prefill per document; that prefill is charged in full to each action (an evaluation run of the
 action alone would pay it), and the decode seconds of actions sharing a reference stream X are
-split as the rows a solo run would decode (the engine's ``decode_seconds``: X, Y, Z rows, X
-counted once in the shared batch), so c_rep is the cost of one replicate of the action alone.
+split as the row-steps a solo run would decode (the engine's ``decode_seconds``: X rows, Y rows
+and Z rows after each split, X counted once in the shared batch), so c_rep is the cost of one
+replicate of the action alone.
 Model loading (once per job, not per document or replicate) is left out: it does not change
 the least-cost design.
 

@@ -159,6 +159,40 @@ def _band(ax: plt.Axes, x, low, high, color, step: bool = False) -> None:
     )
 
 
+def _profile_facet(
+    ax: plt.Axes,
+    panel: pl.DataFrame,
+    actions: Sequence[str],
+    palette: Mapping[str, tuple],
+    context: str,
+    needed_by: str,
+    step: bool = False,
+) -> None:
+    """One facet of profiles against ``x``: each action's pointwise band, then its line
+    (steps for a CDF). An absent action is an error naming ``context`` and ``needed_by``."""
+    for action in actions:
+        r = panel.filter(pl.col("action") == action)
+        if r.height == 0:
+            raise StudyTableError(f"{context}: action {action!r} missing (needed by {needed_by})")
+        low, high = r["ci_low"].to_numpy(), r["ci_high"].to_numpy()
+        _band(ax, r["x"].to_numpy(), low, high, palette[action], step)
+    sns.lineplot(
+        data=panel.to_pandas(),
+        x="x",
+        y="value",
+        hue="action",
+        hue_order=actions,
+        palette=palette,
+        lw=1.3,
+        ax=ax,
+        legend=False,
+        zorder=2,
+        **({"drawstyle": "steps-post"} if step else {}),
+    )
+    ax.set_ylim(-0.02, 1.02)
+    _percent_axis(ax)
+
+
 def _percent_axis(ax: plt.Axes, axis: str = "y") -> None:
     (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(_PERCENT)
 
@@ -210,31 +244,9 @@ def plot_divergence_cdf(
         for k, stratum in enumerate(columns):
             ax = axes[i][k]
             panel = rows.filter((pl.col("model") == model) & (pl.col("stratum") == stratum))
-            for action in actions:
-                r = panel.filter(pl.col("action") == action)
-                if r.height == 0:
-                    raise StudyTableError(
-                        f"{where}: estimand 'div_cdf@t' missing for model {model!r}, action "
-                        f"{action!r}, stratum {stratum!r} (needed by figure 5)"
-                    )
-                x = r["x"].to_numpy()
-                _band(ax, x, r["ci_low"].to_numpy(), r["ci_high"].to_numpy(), palette[action], True)
-            sns.lineplot(
-                data=panel.to_pandas(),
-                x="x",
-                y="value",
-                hue="action",
-                hue_order=actions,
-                palette=palette,
-                drawstyle="steps-post",
-                lw=1.3,
-                ax=ax,
-                legend=False,
-                zorder=2,
-            )
-            ax.set_ylim(-0.02, 1.02)
+            context = f"{where}: estimand 'div_cdf@t' of model {model!r}, stratum {stratum!r}"
+            _profile_facet(ax, panel, actions, palette, context, "figure 5", step=True)
             ax.set_xlim(1, horizon)
-            _percent_axis(ax)
             ax.xaxis.set_major_locator(MaxNLocator(4, integer=True))
             ax.set_title(f"{model} · {stratum_label(stratum)}", fontsize=8)
             ax.set_xlabel("generation step $t$" if i == len(models) - 1 else "")
@@ -305,35 +317,9 @@ def plot_tv_profiles(
             else:
                 for edge in edges[:-1]:
                     ax.axvline(edge + 0.5, color="0.6", lw=0.7, ls=":", zorder=0)
-            for action in actions:
-                r = panel.filter(pl.col("action") == action)
-                if r.height == 0:
-                    raise StudyTableError(
-                        f"{where}: profile of model {model!r}, action {action!r} missing "
-                        f"(needed by figure 6)"
-                    )
-                _band(
-                    ax,
-                    r["x"].to_numpy(),
-                    r["ci_low"].to_numpy(),
-                    r["ci_high"].to_numpy(),
-                    palette[action],
-                )
-            sns.lineplot(
-                data=panel.to_pandas(),
-                x="x",
-                y="value",
-                hue="action",
-                hue_order=actions,
-                palette=palette,
-                lw=1.3,
-                ax=ax,
-                legend=False,
-                zorder=2,
-            )
-            ax.set_ylim(-0.02, 1.02)
+            context = f"{where}: profile of model {model!r}"
+            _profile_facet(ax, panel, actions, palette, context, "figure 6")
             ax.set_xlim(0.5 if k == 1 else 1, int(rows["x"].max()) + (0.5 if k == 1 else 0))
-            _percent_axis(ax)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(r"rollout TV $\delta$" if k == 0 else "")
             ax.set_title(f"({next(letters)}) {model}: {title}", fontsize=9, loc="left", pad=12)
