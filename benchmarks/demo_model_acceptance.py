@@ -34,21 +34,13 @@ import yaml
 from kvdiverge.config import validate_config
 from kvdiverge.datasets import DatasetsConfig, materialize_stratum
 from kvdiverge.datasets.fitting import derive_seed
+from kvdiverge.datasets.ruler import RULER_TASKS
 from kvdiverge.engine import rollout_document
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
 from kvdiverge.training import TrainingSample, evaluate_answers, heldout_samples
 
 ROOT = Path(__file__).resolve().parents[1]
-NIAH = (
-    "niah_single_1",
-    "niah_single_2",
-    "niah_single_3",
-    "niah_multikey_1",
-    "niah_multikey_2",
-    "niah_multikey_3",
-    "niah_multivalue",
-    "niah_multiquery",
-)
+NIAH = tuple(t for t in RULER_TASKS if t.startswith("niah_"))
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NUMBER = re.compile(r"(?<!\d)\d{7}(?!\d)")
 

@@ -341,7 +341,8 @@ def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
 
 
 def test_attention_paths_agree(demo, monkeypatch):
-    """The plain float32 path (used off CPU) and the fused CPU kernel give the same laws."""
+    """The plain float32 path (used where no fused kernel is validated) and the fused CPU
+    kernel give the same laws."""
     model, _, ids, eos = demo
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, s, 16, generator=gen) for s in (6, 50, 50))
@@ -352,7 +353,7 @@ def test_attention_paths_agree(demo, monkeypatch):
     fused = rollout_document(
         model, ids, SNAPKV_HALF, "doc-h", 3, 12, seed=1, eos_ids=eos, keep_logits=True
     )
-    monkeypatch.setattr(engine, "_FLASH_CPU", [False])
+    monkeypatch.setattr(engine, "_FUSED_ENABLED", [False])
     monkeypatch.setattr(engine, "_MAX_SCORES", 4096)  # also exercise the query chunking
     plain = rollout_document(
         model, ids, SNAPKV_HALF, "doc-h", 3, 12, seed=1, eos_ids=eos, keep_logits=True
@@ -363,6 +364,41 @@ def test_attention_paths_agree(demo, monkeypatch):
         a = torch.from_numpy(fused.logits[name]).double().softmax(-1)
         b = torch.from_numpy(plain.logits[name]).double().softmax(-1)
         assert (a - b).abs().max() <= 1e-5
+
+
+def test_fused_attention_kernel_is_validated_before_use(monkeypatch, caplog):
+    """A fused kernel is used only after it matches the plain path on a random problem: one
+    that is missing, raises, or returns another log-sum-exp convention is skipped for the next
+    candidate or the plain path; a kernel failing at run time falls back to the plain path."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(4, 2, s, 16, generator=gen) for s in (3, 40, 40))
+    plain = engine._math_attention(q, k, v, 0.25)
+    monkeypatch.setattr(engine, "_FUSED", {})
+    assert engine._fused_kernel(q) is engine._cpu_flash  # this torch build has it
+    for got, want in zip(engine._attention_with_lse(q, k, v, 0.25), plain, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+    def missing(q, k, v, scale):
+        raise NotImplementedError("no such kernel here")
+
+    def base_two(q, k, v, scale):  # right output, log-sum-exp in another base
+        out, lse = engine._math_attention(q, k, v, scale)
+        return out, lse / np.log(2.0)
+
+    def good(q, k, v, scale):
+        if q.shape[0] == 4:  # fails at run time on the real problem's shape
+            raise RuntimeError("unsupported stride")
+        return engine._math_attention(q, k, v, scale)
+
+    for candidates, chosen in (((missing, base_two), None), ((missing, base_two, good), good)):
+        monkeypatch.setattr(engine, "_FUSED", {})
+        monkeypatch.setattr(engine, "_FUSED_CANDIDATES", {"cpu": candidates})
+        assert engine._fused_kernel(q) is chosen
+    with caplog.at_level("WARNING", logger="kvdiverge.engine"):
+        out, lse = engine._attention_with_lse(q, k, v, 0.25)
+    assert "fused attention" in caplog.text and "using the plain path" in caplog.text
+    assert torch.equal(out, plain[0]) and torch.equal(lse, plain[1])
+    assert engine._fused_kernel(q) is None  # not tried again in this process
 
 
 def test_documents_selection_and_errors(tmp_path):

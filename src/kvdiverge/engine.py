@@ -186,21 +186,82 @@ def _attention_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, h, s, d) × (B, h, n, d) → normalised output (float32) and log-sum-exp (B, h, s).
 
-    On CPU this is PyTorch's fused flash-attention kernel (which returns the log-sum-exp);
-    elsewhere, or if that private op is unavailable, the plain matmul–softmax path.
+    A fused attention kernel that also returns the log-sum-exp where one is available and
+    validated for the device and dtype (:func:`_fused_kernel`: CPU flash attention; on CUDA
+    flash attention for fp16/bf16, else memory-efficient attention), otherwise the plain
+    matmul–softmax path. The fused kernels never hold the score matrix.
     """
-    if q.device.type == "cpu" and _FLASH_CPU[0]:
+    kernel = _fused_kernel(q) if _FUSED_ENABLED[0] else None
+    if kernel is not None:
         try:
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, False, attn_mask=None, scale=scale
-            )
+            out, lse = kernel(q, k, v, scale)
             return out.float(), lse.float()
-        except (RuntimeError, AttributeError, TypeError):  # pragma: no cover - torch-dependent
-            _FLASH_CPU[0] = False
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+            key = (q.device.type, q.dtype, q.shape[-1])
+            log.warning("fused attention %s failed (%s); using the plain path", key, exc)
+            _FUSED[key] = None
     return _math_attention(q, k, v, scale)
 
 
-_FLASH_CPU = [hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")]
+def _cpu_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> Any:
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=None, scale=scale
+    )
+
+
+def _cuda_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> Any:
+    return torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, False, False, scale=scale
+    )[:2]
+
+
+def _cuda_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> Any:
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, False, scale=scale
+    )[:2]
+    return out, lse[..., : q.shape[-2]]  # the log-sum-exp may be padded along the queries
+
+
+_FUSED_ENABLED = [True]
+_FUSED: dict[tuple[str, torch.dtype, int], Any] = {}
+_FUSED_CANDIDATES = {"cpu": (_cpu_flash,), "cuda": (_cuda_flash, _cuda_efficient)}
+
+
+def _fused_kernel(q: torch.Tensor) -> Any:
+    """The fused kernel for ``q``'s device type, dtype and head size, or ``None``.
+
+    The first candidate that runs and agrees with :func:`_math_attention` on a small random
+    problem (output and log-sum-exp, to the dtype's tolerance) is kept for the process; a
+    kernel missing from this torch build, unsupported for the dtype or returning another
+    convention is never used.
+    """
+    key = (q.device.type, q.dtype, q.shape[-1])
+    if key not in _FUSED:
+        candidates = _FUSED_CANDIDATES.get(q.device.type, ())
+        _FUSED[key] = next((f for f in candidates if _kernel_agrees(f, *key, q.device)), None)
+        if _FUSED[key] is None and candidates:
+            log.info("no fused attention kernel for %s; using the plain path", key)
+    return _FUSED[key]
+
+
+def _kernel_agrees(
+    kernel: Any, device_type: str, dtype: torch.dtype, d: int, device: torch.device
+) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn((2, 2, s, d), generator=gen).to(device, dtype) for s in (5, 37, 37))
+    scale = d**-0.5
+    try:
+        out, lse = kernel(q, k, v, scale)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
+        return False
+    ref_out, ref_lse = _math_attention(q, k, v, scale)
+    tol = 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
+    return (
+        tuple(out.shape) == tuple(ref_out.shape)
+        and tuple(lse.shape) == tuple(ref_lse.shape)
+        and torch.allclose(out.float(), ref_out, atol=tol, rtol=tol)
+        and torch.allclose(lse.float(), ref_lse, atol=tol, rtol=tol)
+    )
 
 
 def shared_prefix_attention(
