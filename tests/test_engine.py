@@ -10,7 +10,8 @@ import pytest
 import scipy.stats
 import torch
 import transformers
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from engine_reference import reference_logits
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import kvdiverge.engine as engine
 from kvdiverge.analysis.planning import cost_from_timing, read_timing
@@ -61,32 +62,6 @@ def demo(demo_path):
     tok = load_tokenizer(str(path))
     model = load_model(str(path))
     return model, tok, chat_prompt_ids(tok, PROMPT), eos_token_ids(model, tok)
-
-
-@torch.no_grad()
-def reference_logits(model, ids, kept, tokens) -> torch.Tensor:
-    """Plain transformers decoding over an explicitly gathered per-sequence cache.
-
-    The prompt is prefilled, the kept positions of every layer and KV head are gathered into a
-    fresh DynamicCache of batch 1, and ``tokens`` are fed one by one at positions n, n+1, ….
-    Returns the logits of steps 1..len(tokens)+1 (step 1: after the prompt).
-    """
-    n = len(ids)
-    full = model(torch.tensor([ids]), use_cache=True).past_key_values
-    cache = DynamicCache()
-    for layer, entry in enumerate(full.layers):
-        index = kept[layer][None, :, :, None].expand(-1, -1, -1, entry.keys.shape[-1])
-        cache.update(entry.keys.gather(2, index), entry.values.gather(2, index), layer)
-    out = [model(torch.tensor([ids])).logits[0, -1]]
-    for j, token in enumerate(tokens):
-        result = model(
-            input_ids=torch.tensor([[int(token)]]),
-            position_ids=torch.tensor([[n + j]]),
-            past_key_values=cache,
-            use_cache=True,
-        )
-        out.append(result.logits[0, -1])
-    return torch.stack(out)
 
 
 def test_distributions_equal_plain_forward_before_and_after_divergence(demo):

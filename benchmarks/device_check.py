@@ -1,0 +1,118 @@
+"""Device check: the rollout engine on an accelerator, as one short prepared script.
+
+For a session that is lent a GPU (none has been yet). Prints, for the tiny demo Llama and
+Qwen2 models built here (random weights, the engine tests' seed):
+
+1. torch, CUDA and device names;
+2. per architecture and dtype (float32, bfloat16): the fused attention kernel the engine
+   validated and chose (``kvdiverge.engine._fused_kernel``), and the largest difference
+   between the engine's next-token laws (P on X's history, Q on Y's, Q on X's) and a plain
+   transformers forward over an explicitly gathered cache on the same device, over every step
+   of K = 4 replicates, H = 24 (DESIGN §4; float32 should be ≤ 1e-5 as on CPU);
+3. optionally ``benchmarks/rollout.py`` on the device (``--benchmark``), for the README.
+
+Usage (about 1 minute without the benchmark)::
+
+    python benchmarks/device_check.py --device cuda [--benchmark --lengths 4096 16384 --K 32 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from engine_reference import reference_logits  # noqa: E402
+
+import kvdiverge.engine as engine  # noqa: E402
+from kvdiverge.eviction import kept_positions, parse_action  # noqa: E402
+from kvdiverge.models import (  # noqa: E402
+    build_demo_model,
+    chat_prompt_ids,
+    eos_token_ids,
+    load_model,
+    load_tokenizer,
+)
+
+PROMPT = (
+    "Read the following context carefully. Document 1: The river flows north through the "
+    "valley, past the old mill and the stone bridge. The special magic number is 482913. "
+) * 5
+ACTION = parse_action({"selector": "snapkv", "budget": 0.5, "window": 32}, name="snapkv-half")
+FULL = parse_action({"selector": "full"}, name="full")
+
+
+def law_check(model_dir: Path, device: str, dtype: str, K: int = 4, H: int = 24) -> dict:
+    """Largest |p_engine − p_plain| per stream over K replicates and H steps."""
+    model = load_model(str(model_dir), device=device, dtype=dtype)
+    tokenizer = load_tokenizer(str(model_dir))
+    ids = chat_prompt_ids(tokenizer, PROMPT)
+    eos = eos_token_ids(model, tokenizer)
+    start = time.perf_counter()
+    r = engine.rollout_document(model, ids, ACTION, "check", K, H, 5, eos, keep_logits=True)
+    seconds = time.perf_counter() - start
+    kept, everything = kept_positions(model, ids, ACTION), kept_positions(model, ids, FULL)
+    worst = dict.fromkeys(("p", "q", "q_fixed"), 0.0)
+    for k in range(K):
+        plain = {
+            "p": reference_logits(model, ids, everything, r.x_token[k, :-1]),
+            "q": reference_logits(model, ids, kept, r.y_token[k, :-1]),
+            "q_fixed": reference_logits(model, ids, kept, r.x_token[k, :-1]),
+        }
+        for name, logits in plain.items():
+            expected = logits.double().softmax(-1).cpu().numpy()
+            got = torch.from_numpy(r.logits[name][k]).double().softmax(-1).numpy()
+            worst[name] = max(worst[name], float(np.abs(got - expected).max()))
+    probe = torch.empty((1, 1, 1, model.config.hidden_size // model.config.num_attention_heads))
+    kernel = engine._fused_kernel(probe.to(model.device, model.dtype))
+    return {
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "kernel": getattr(kernel, "__name__", "plain path"),
+        "seconds": seconds,
+        "split_paths": int((r.x_token != r.y_token).any(axis=1).sum()),
+        **worst,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--benchmark", action="store_true", help="also run benchmarks/rollout.py")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--K", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, device {args.device}: {name}")
+    print(
+        "\n| model | dtype | kernel | max abs ΔP | max abs ΔQ | max abs ΔQ_fixed | paths split |"
+        " engine s |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("llama", "qwen2"):
+            model_dir = build_demo_model(kind, Path(tmp) / kind, seed=11)
+            for dtype in ("float32", "bfloat16"):
+                c = law_check(model_dir, args.device, dtype)
+                print(
+                    f"| {kind} | {c['dtype']} | {c['kernel']} | {c['p']:.2e} | {c['q']:.2e} | "
+                    f"{c['q_fixed']:.2e} | {c['split_paths']}/4 | {c['seconds']:.2f} |",
+                    flush=True,
+                )
+    if args.benchmark:
+        cmd = [sys.executable, str(Path(__file__).with_name("rollout.py")), "--device"]
+        cmd += [args.device, "--rounds", str(args.rounds), "--lengths"]
+        cmd += [str(n) for n in args.lengths] + ["--K"] + [str(k) for k in args.K]
+        print(flush=True)
+        subprocess.run(cmd, check=True)
+
+
+if __name__ == "__main__":
+    main()

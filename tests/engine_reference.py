@@ -1,0 +1,38 @@
+"""The engine's test oracle: plain transformers decoding over an explicitly gathered cache.
+
+Shared by ``tests/test_engine.py`` and ``benchmarks/device_check.py`` (which runs it on a GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+@torch.no_grad()
+def reference_logits(model, ids, kept, tokens) -> torch.Tensor:
+    """Plain transformers decoding over an explicitly gathered per-sequence cache.
+
+    The prompt is prefilled, the kept positions of every layer and KV head are gathered into a
+    fresh DynamicCache of batch 1, and ``tokens`` are fed one by one at positions n, n+1, ….
+    Returns the logits of steps 1..len(tokens)+1 (step 1: after the prompt), on the model's
+    device.
+    """
+    n = len(ids)
+    device = next(model.parameters()).device
+    prompt = torch.tensor([ids], device=device)
+    full = model(prompt, use_cache=True).past_key_values
+    cache = DynamicCache()
+    for layer, entry in enumerate(full.layers):
+        index = kept[layer].to(device)[None, :, :, None].expand(-1, -1, -1, entry.keys.shape[-1])
+        cache.update(entry.keys.gather(2, index), entry.values.gather(2, index), layer)
+    out = [model(prompt).logits[0, -1]]
+    for j, token in enumerate(tokens):
+        result = model(
+            input_ids=torch.tensor([[int(token)]], device=device),
+            position_ids=torch.tensor([[n + j]], device=device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        out.append(result.logits[0, -1])
+    return torch.stack(out)
