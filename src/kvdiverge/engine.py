@@ -422,7 +422,7 @@ def _decode_step(
     return result.logits[:, -1]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def _rollout_chunk(
     model: torch.nn.Module,
     prefill: Prefill,
