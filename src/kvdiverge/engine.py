@@ -410,10 +410,10 @@ def _decode_step(
     shared: SharedPrefix,
 ) -> torch.Tensor:
     """One batched decoding step of ``tokens`` (B,) at prompt offset ``position``: logits (B, V)."""
-    rows = tokens.shape[0]
     result = model(
         input_ids=tokens[:, None],
-        position_ids=torch.full((rows, 1), position, dtype=torch.long, device=tokens.device),
+        # every row decodes at the same position: one rotary row broadcasts over the batch
+        position_ids=torch.full((1, 1), position, dtype=torch.long, device=tokens.device),
         cache_position=torch.tensor([cache.get_seq_length()], device=tokens.device),
         past_key_values=cache,
         use_cache=True,
