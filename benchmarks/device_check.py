@@ -25,11 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from engine_reference import reference_logits  # noqa: E402
+from engine_reference import law_differences  # noqa: E402
 
 import kvdiverge.engine as engine  # noqa: E402
 from kvdiverge.eviction import kept_positions, parse_action  # noqa: E402
@@ -61,15 +60,8 @@ def law_check(model_dir: Path, device: str, dtype: str, K: int = 4, H: int = 24)
     kept, everything = kept_positions(model, ids, ACTION), kept_positions(model, ids, FULL)
     worst = dict.fromkeys(("p", "q", "q_fixed"), 0.0)
     for k in range(K):
-        plain = {
-            "p": reference_logits(model, ids, everything, r.x_token[k, :-1]),
-            "q": reference_logits(model, ids, kept, r.y_token[k, :-1]),
-            "q_fixed": reference_logits(model, ids, kept, r.x_token[k, :-1]),
-        }
-        for name, logits in plain.items():
-            expected = logits.double().softmax(-1).cpu().numpy()
-            got = torch.from_numpy(r.logits[name][k]).double().softmax(-1).numpy()
-            worst[name] = max(worst[name], float(np.abs(got - expected).max()))
+        for name, difference in law_differences(model, ids, kept, everything, r, k).items():
+            worst[name] = max(worst[name], difference)
     probe = torch.empty((1, 1, 1, model.config.hidden_size // model.config.num_attention_heads))
     kernel = engine._fused_kernel(probe.to(model.device, model.dtype))
     return {

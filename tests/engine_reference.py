@@ -36,3 +36,24 @@ def reference_logits(model, ids, kept, tokens) -> torch.Tensor:
         )
         out.append(result.logits[0, -1])
     return torch.stack(out)
+
+
+def law_differences(model, ids, kept, everything, rollout, replicate: int) -> dict[str, float]:
+    """Largest |engine − plain| next-token probability of one replicate, per stream.
+
+    ``rollout``: a :class:`kvdiverge.engine.DocumentRollout` with logits (``keep_logits``);
+    ``kept``/``everything``: the action's and the full kept positions. The streams: P on X's
+    history over the full cache, Q on Y's and Q on X's history over the kept cache.
+    """
+    x, y = rollout.x_token[replicate, :-1], rollout.y_token[replicate, :-1]
+    plain = {
+        "p": reference_logits(model, ids, everything, x),
+        "q": reference_logits(model, ids, kept, y),
+        "q_fixed": reference_logits(model, ids, kept, x),
+    }
+    out = {}
+    for name, logits in plain.items():
+        expected = logits.double().softmax(-1).cpu()
+        got = torch.from_numpy(rollout.logits[name][replicate]).double().softmax(-1)
+        out[name] = float((got - expected).abs().max())
+    return out

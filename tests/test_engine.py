@@ -10,7 +10,7 @@ import pytest
 import scipy.stats
 import torch
 import transformers
-from engine_reference import reference_logits
+from engine_reference import law_differences, reference_logits
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import kvdiverge.engine as engine
@@ -81,15 +81,8 @@ def test_distributions_equal_plain_forward_before_and_after_divergence(demo):
     assert np.array_equal(r.logits["q_fixed"][before_split], r.logits["q"][before_split])
     post_divergence_checked = 0
     for k in range(K):
-        streams = {
-            "p": reference_logits(model, ids, everything, r.x_token[k, :-1]),
-            "q": reference_logits(model, ids, kept, r.y_token[k, :-1]),
-            "q_fixed": reference_logits(model, ids, kept, r.x_token[k, :-1]),
-        }
-        for name, logits in streams.items():
-            expected = logits.double().softmax(-1).numpy()
-            got = torch.from_numpy(r.logits[name][k]).double().softmax(-1).numpy()
-            assert np.abs(got - expected).max() <= 1e-5, name
+        for name, difference in law_differences(model, ids, kept, everything, r, k).items():
+            assert difference <= 1e-5, name
         if diverged[k].any():
             post_divergence_checked += H - int(np.argmax(diverged[k])) - 1
     assert post_divergence_checked >= 10
