@@ -517,3 +517,36 @@ def test_rollout_job_records_measured_timing_in_metadata(demo_path, tmp_path):
     # sample-size planning reads its per-document and per-replicate costs from these files
     cost = cost_from_timing([read_timing(out["snapkv-half"])])
     assert cost["c_doc"] > 0 and cost["c_rep"] > 0
+
+
+def test_ended_rows_leave_the_batch(demo, monkeypatch):
+    """Rows whose stream has emitted EOS leave the batch (a quarter of it at a time) without
+    changing the rollouts: the same tokens and EOS flags as a run that keeps every row
+    (``keep_logits``), δ and f equal to float rounding."""
+    model, _, ids, _ = demo
+    probe = rollout_document(model, ids, FULL, "doc-e", 8, 16, seed=4, eos_ids=[0])
+    common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
+    rows = []
+    real = engine._decode_step
+
+    def spy(model, tokens, position, cache, shared):
+        rows.append(tokens.shape[0])
+        return real(model, tokens, position, cache, shared)
+
+    monkeypatch.setattr(engine, "_decode_step", spy)
+    specs = [parse_action(RECENT_HALF), parse_action(SNAPKV_HALF)]
+    dropping = rollout_document_actions(model, ids, specs, "doc-e", 8, 32, 4, common)
+    kept = rollout_document_actions(model, ids, specs, "doc-e", 8, 32, 4, common, keep_logits=True)
+    for name in ("recent-half", "snapkv-half"):
+        a, b = dropping[name], kept[name]
+        assert a.x_eos[:, -1].any() and a.y_eos[:, -1].any()
+        for field in ("x_token", "y_token", "x_eos", "y_eos"):
+            assert np.array_equal(getattr(a, field), getattr(b, field)), (name, field)
+        for field in ("tv_rollout", "tv_fixed"):
+            np.testing.assert_allclose(getattr(a, field), getattr(b, field), atol=1e-5)
+    steps = dropping["recent-half"].x_eos.shape[1] - 1
+    assert len(rows) == 2 * steps  # one call per decoding step in each run
+    dropping_rows, keeping_rows = rows[:steps], rows[steps:]
+    assert dropping_rows[0] == keeping_rows[0] == 8 * 3  # X and both actions' Y rows
+    assert min(dropping_rows) < 8 * 3 and sum(dropping_rows) < sum(keeping_rows)
+    assert min(keeping_rows) >= 8 * 3  # every row stays when the logits are kept

@@ -152,6 +152,13 @@ class RowCache:
             for part in (self.keys[layer], self.values[layer]):
                 part[target, :, :length] = part[source, :, :length]
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only rows ``rows`` (in that order), moved to the front."""
+        for layer, length in enumerate(self.lengths):
+            for part in (self.keys[layer], self.values[layer]):
+                part[: rows.numel(), :, :length] = part[rows, :, :length]
+        self.rows = rows.numel()
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Generated entries held for ``layer_idx`` (the prompt part is not in this cache)."""
         return self.lengths[layer_idx]
@@ -192,7 +199,7 @@ def _attention_with_lse(
     matmul–softmax path. The fused kernels never hold the score matrix.
     """
     kernel = _fused_kernel(q) if _FUSED_ENABLED[0] else None
-    if kernel is not None:
+    if kernel is not None and q.numel() and k.numel():  # (fused kernels may fault on empty)
         try:
             out, lse = kernel(q, k, v, scale)
             return out.float(), lse.float()
@@ -223,6 +230,7 @@ def _cuda_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
 
 
 _FUSED_ENABLED = [True]
+_DROP_ENDED = [True]  # rows whose stream has ended leave the batch (off: benchmarks compare)
 _FUSED: dict[tuple[str, torch.dtype, int], Any] = {}
 _FUSED_CANDIDATES = {"cpu": (_cpu_flash,), "cuda": (_cuda_flash, _cuda_efficient)}
 
@@ -303,6 +311,8 @@ def shared_prefix_attention(
     for rows, prompt in zip(prefix.rows, prefix.prompts, strict=True):
         pk, pv = prompt[module.layer_idx]
         n_rows = rows.numel()
+        if n_rows == 0:  # every row of this group has ended
+            continue
         qg = q.index_select(0, rows).transpose(0, 1).reshape(1, n_kv, n_rows * groups, d)
         o, lse = _attention_with_lse(qg, pk[None], pv[None], scale)
         o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
@@ -438,14 +448,20 @@ def _rollout_chunk(
 ) -> list[dict[str, np.ndarray]]:
     """Coupled rollouts of ``replicates`` under every intervention, sharing one X stream.
 
-    Each step runs ONE model call for all rows (DESIGN §4): the k reference rows X (full
-    prompt cache), then each evicted intervention's k Y rows, then the Z rows (Q fed X's
+    Each step runs ONE model call for all running rows (DESIGN §4): the k reference rows X
+    (full prompt cache), each evicted intervention's k Y rows, and the Z rows (Q fed X's
     tokens, for f_t; on the intervention's evicted cache) of the (intervention, replicate)
-    pairs whose X and Y histories have split, in the order they split. Before its split a
-    replicate's Z is Y itself (the same cache, the same tokens), so Q on X's history is Y's
+    pairs whose X and Y histories have split, added in the order they split. Before its split
+    a replicate's Z is Y itself (the same cache, the same tokens), so Q on X's history is Y's
     Q, bit for bit, and no row runs for it; at the split the Z row starts from a copy of the
     Y row's generated entries. An intervention with ``prefix=None`` keeps everything: its Q
     is P itself (δ ≡ f ≡ 0, Y ≡ X) and it runs no rows.
+
+    A row whose stream has ended no longer matters: an X row once X emitted EOS, a Y row once
+    Y did, a Z row once X did (from then on the kernel is the point mass on EOS). Ended rows
+    leave the batch when they make up a quarter of it (the running rows' generated entries
+    are then moved to the front); until then they run and their logits are ignored. With
+    ``keep_logits`` every row stays, so that every stream's logits are recorded.
     """
     device = prefill.last_logits.device
     k = len(replicates)
@@ -454,23 +470,27 @@ def _rollout_chunk(
     n_kv, _, d = prefill.keys[0].shape
     dtype = prefill.keys[0].dtype
     evicted = [i for i, act in enumerate(interventions) if act.prefix is not None]
-    y_start = {i: k * (1 + j) for j, i in enumerate(evicted)}  # batch rows of each Y block
-    cache = RowCache(n_layers, k * (1 + 2 * len(evicted)), n_kv, d, max(H - 1, 1), dtype, device)
-    cache.rows = k * (1 + len(evicted))  # X and Y rows; Z rows join as histories split
-    arange = torch.arange(cache.keys[0].shape[0], device=device)
-    z_slots = {i: arange[:0] for i in evicted}  # batch rows of each intervention's Z rows
-    z_reps = {i: arange[:0] for i in evicted}  # … and their replicates
-    slot_reps = arange[:0]  # the replicate of every Z row, in batch order
-    z_started = {i: torch.zeros(k, dtype=torch.bool, device=device) for i in evicted}
+    n_streams = 1 + 2 * len(evicted)  # stream codes: 0 = X; 1 + 2j = Y, 2 + 2j = Z of evicted[j]
+    y_code = {i: 1 + 2 * j for j, i in enumerate(evicted)}
+    cache = RowCache(n_layers, k * n_streams, n_kv, d, max(H - 1, 1), dtype, device)
+    reps = torch.arange(k, device=device)
+    # the batch's rows: their stream code and replicate (X and Y rows first, Z rows appended)
+    row_stream = torch.arange(1 + len(evicted), device=device).repeat_interleave(k)
+    row_stream = torch.where(row_stream > 0, 2 * row_stream - 1, 0)
+    row_rep = reps.repeat(1 + len(evicted))
+    cache.rows = row_stream.numel()
     prompts = [list(prefix_full)] + [list(interventions[i].prefix) for i in evicted]
+    z_started = {i: torch.zeros(k, dtype=torch.bool, device=device) for i in evicted}
 
-    def prefix() -> SharedPrefix:
-        rows = [arange[:k]] + [
-            torch.cat([arange[y_start[i] : y_start[i] + k], z_slots[i]]) for i in evicted
-        ]
-        return SharedPrefix(rows, prompts)
+    def layout() -> tuple[list[tuple[torch.Tensor, torch.Tensor]], SharedPrefix]:
+        """Per stream code: (batch rows, their replicates); the call's prompt row groups."""
+        members = [(row_stream == s).nonzero()[:, 0] for s in range(n_streams)]
+        streams = [(rows, row_rep[rows]) for rows in members]
+        group = (row_stream + 1) // 2  # X → prompt 0, Y and Z of evicted[j] → prompt 1 + j
+        rows = [(group == g).nonzero()[:, 0] for g in range(len(prompts))]
+        return streams, SharedPrefix(rows, prompts)
 
-    shared = prefix()
+    streams, shared = layout()
     eos = torch.tensor(list(eos_ids), device=device)
     canonical = int(eos_ids[0])
     first = prefill.last_logits.float()
@@ -503,27 +523,34 @@ def _rollout_chunk(
         """The kernel with the point mass on EOS in the rows that have emitted EOS."""
         return torch.where(done[:, None], point_mass, kernel) if bool(done.any()) else kernel
 
-    def streams(rows: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Intervention i's per-replicate Q (Y rows) and Q on X's history (Z where split)."""
-        y_part = rows[y_start[i] : y_start[i] + k]
-        if not z_slots[i].numel():
-            return y_part, y_part
-        return y_part, y_part.index_copy(0, z_reps[i], rows.index_select(0, z_slots[i]))
+    def per_replicate(rows: torch.Tensor, code: int, base: torch.Tensor | None = None):
+        """Stream ``code``'s (k, V) rows by replicate, from ``base`` where it has no row (an
+        ended row, or a Z not yet split), else zeros (a point mass replaces them)."""
+        batch_rows, row_reps = streams[code]
+        if base is None and batch_rows.numel() == k and bool((row_reps == reps).all()):
+            return rows.index_select(0, batch_rows)
+        start = torch.zeros((k, rows.shape[-1]), dtype=rows.dtype, device=device)
+        return (start if base is None else base).index_copy(
+            0, row_reps, rows.index_select(0, batch_rows)
+        )
 
     with _attention_implementation(model, ATTENTION_NAME):
         for t in range(1, H + 1):
             probs = logits.double().softmax(dim=-1)
-            p_raw = probs[:k]
+            p_raw = per_replicate(probs, 0)
             p = absorbed(p_raw, x_done)
             x = None
             for i in range(len(interventions)):
-                if i in y_start:
-                    q_raw, q_fixed_raw = streams(probs, i)
+                if i in y_code:
+                    q_raw = per_replicate(probs, y_code[i])
+                    q_fixed_raw = per_replicate(probs, y_code[i] + 1, base=q_raw)
                 else:  # nothing evicted: Q is P as a kernel
                     q_raw = q_fixed_raw = p_raw
                 if keep_logits:
-                    own = streams(logits, i) if i in y_start else (logits[:k],) * 2
-                    for name, part in zip(("p", "q", "q_fixed"), (logits[:k], *own), strict=True):
+                    lp = per_replicate(logits, 0)
+                    lq = per_replicate(logits, y_code[i]) if i in y_code else lp
+                    lz = per_replicate(logits, y_code[i] + 1, base=lq) if i in y_code else lp
+                    for name, part in zip(("p", "q", "q_fixed"), (lp, lq, lz), strict=True):
                         kept_logits[i][name].append(part.float().cpu())
                 q = absorbed(q_raw, y_done[i])
                 q_fixed = absorbed(q_fixed_raw, x_done)
@@ -542,23 +569,38 @@ def _rollout_chunk(
             x_eos[:, t - 1] = x_done
             if t == H:
                 break
-            grown = False
-            for i in evicted:
-                new = (split[i] & ~z_started[i]).nonzero()[:, 0]
+            changed = False
+            for i in evicted:  # newly split, X running: the Z row starts from Y's history
+                running = ~x_done | keep_logits  # (kept logits: every Z law is recorded)
+                new = (split[i] & ~z_started[i] & running).nonzero()[:, 0]
                 z_started[i] = split[i].clone()
-                if new.numel():  # newly split: the Z row starts from the Y row's history
-                    slots = arange[cache.rows : cache.rows + new.numel()]
-                    cache.copy_rows(y_start[i] + new, slots)
+                if new.numel():
+                    y_rows, y_reps = streams[y_code[i]]
+                    source = torch.full((k,), -1, dtype=torch.long, device=device)
+                    source[y_reps] = y_rows
+                    slots = torch.arange(cache.rows, cache.rows + new.numel(), device=device)
+                    cache.copy_rows(source[new], slots)
                     cache.rows += new.numel()
-                    z_slots[i] = torch.cat([z_slots[i], slots])
-                    z_reps[i] = torch.cat([z_reps[i], new])
-                    slot_reps = torch.cat([slot_reps, new])
-                    grown = True
-            if grown:
-                shared = prefix()
-            tokens = torch.cat(
-                [x] + [out[i]["y_token"][:, t - 1] for i in evicted] + [x[slot_reps]]
-            )
+                    row_stream = torch.cat([row_stream, torch.full_like(new, y_code[i] + 1)])
+                    row_rep = torch.cat([row_rep, new])
+                    changed = True
+            ended = torch.stack([x_done] + [e for i in evicted for e in (y_done[i], x_done)])[
+                row_stream, row_rep
+            ]
+            n_ended = int(ended.sum())
+            if not keep_logits and _DROP_ENDED[0] and n_ended and 4 * n_ended >= ended.numel():
+                running = (~ended).nonzero()[:, 0]
+                cache.keep_rows(running)
+                row_stream, row_rep = row_stream[running], row_rep[running]
+                changed = True
+            if changed:
+                streams, shared = layout()
+            if cache.rows == 0:  # every stream has ended: point masses from here on
+                logits = first.new_zeros((0, vocab))
+                continue
+            tokens = torch.stack(
+                [x] + [s for i in evicted for s in (out[i]["y_token"][:, t - 1], x)]
+            )[row_stream, row_rep]
             logits = _decode_step(model, tokens, n + t - 1, cache, shared)
     x_arrays = {"x_token": x_token.cpu().numpy(), "x_eos": x_eos.cpu().numpy()}
     results = []
@@ -599,11 +641,14 @@ def _rollout_replicates(
     return results, fitted
 
 
-def _own_row_steps(arrays: Mapping[str, np.ndarray]) -> int:
-    """Row-steps an evicting action's model calls ran: every Y row at each of the H − 1
-    decoding steps, and a replicate's Z row at each decoding step after its X and Y split."""
-    split = np.logical_or.accumulate(arrays["x_token"] != arrays["y_token"], axis=1)
-    return int(split.shape[0] * (split.shape[1] - 1) + split[:, :-1].sum())
+def _running_row_steps(arrays: Mapping[str, np.ndarray]) -> tuple[int, int]:
+    """Row-steps of running rows in the H − 1 decoding steps: the X rows' (until X's EOS), and
+    an evicting action's own: its Y rows' (until Y's EOS) and its Z rows' (after the split,
+    until X's EOS). Ended rows may run a few steps more before they leave the batch."""
+    x_running = ~arrays["x_eos"][:, :-1]
+    split = np.logical_or.accumulate(arrays["x_token"] != arrays["y_token"], axis=1)[:, :-1]
+    own = (~arrays["y_eos"][:, :-1]).sum() + (split & x_running).sum()
+    return int(x_running.sum()), int(own)
 
 
 def _gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -685,10 +730,10 @@ def rollout_document_actions(
     synchronize; they change no value): ``prefill_seconds`` of the document's one prefill (the
     same for every action, 0 when ``prefill`` is passed in), the action's own
     ``selection_seconds`` (selection and gather), and ``decode_seconds``: its reference group's
-    decode seconds × the row-steps the action would run alone (X's, its Y rows', its Z rows'
-    after each split; X's only for an exact identity) / the row-steps the group ran (the
-    shared X once), i.e. the decode cost of an evaluation run of the action alone at the
-    group's cost per row-step.
+    decode seconds × the row-steps the action would run alone (its running rows': X's, its Y
+    rows', its Z rows' after each split; X's only for an exact identity) / the row-steps the
+    group ran (the shared X once), i.e. the decode cost of an evaluation run of the action
+    alone at the group's cost per row-step.
     """
     _check_rollout_args(coupling, H, eos_ids)
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
@@ -753,9 +798,9 @@ def rollout_document_actions(
             for j in range(len(members))
         ]
         # row-steps the group's model calls ran: X's (shared), each member's Y and Z rows
-        x_rows = len(group_reps) * (H - 1)
+        x_rows = _running_row_steps(merged_parts[0])[0]
         own = [
-            0 if interventions[i].prefix is None else _own_row_steps(merged)
+            0 if interventions[i].prefix is None else _running_row_steps(merged)[1]
             for i, merged in zip(members, merged_parts, strict=True)
         ]
         group_rows = x_rows + sum(own)
