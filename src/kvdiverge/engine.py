@@ -23,7 +23,8 @@ DESIGN §4:
   streams for Y. ``coupling="independent"`` salts all streams with the action name (each action
   then has its own X rows);
 * temperature 1, full softmax (float64), EOS absorbing (after EOS a sequence's kernel is the
-  point mass on the canonical EOS id, the first of ``eos_ids``); H steps always;
+  point mass on the canonical EOS id, the first of ``eos_ids``); H steps always; rows whose
+  stream has ended leave the batch (a quarter of it at a time);
 * on CUDA out-of-memory the replicate batch is split in halves and the rollout goes on.
 
 An action that keeps everything (``full``) reproduces the reference exactly (Q is P: δ ≡ 0,
