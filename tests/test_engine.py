@@ -449,7 +449,21 @@ def test_multi_action_job_files_equal_single_action_jobs(demo_path, tmp_path, co
         run_stratum_rollout_job(FIXTURE, {}, model, STUDY_ACTIONS, STUDY_COHORTS, **settings)
 
 
-def test_reference_groups_and_batches_of_a_multi_action_document(demo, monkeypatch):
+@pytest.fixture
+def call_rows(monkeypatch) -> list[int]:
+    """The batch rows of every decoding model call the engine makes, in order."""
+    rows: list[int] = []
+    real = engine._decode_step
+
+    def spy(model, tokens, position, cache, shared):
+        rows.append(tokens.shape[0])
+        return real(model, tokens, position, cache, shared)
+
+    monkeypatch.setattr(engine, "_decode_step", spy)
+    return rows
+
+
+def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows):
     """X rows run once per replicate set (the control, with fewer replicates, apart), in one
     model call per step with each evicting action's k Y rows and the Z rows of the
     replicates that have split; a full-retention action adds no rows."""
@@ -464,14 +478,6 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, monkeypat
     assert [members for _, _, members in independent] == [[0], [1], [2]]
     assert len({salt for salt, _, _ in independent}) == 3
 
-    rows = []
-    real = engine._decode_step
-
-    def spy(model, tokens, position, cache, shared):
-        rows.append(tokens.shape[0])
-        return real(model, tokens, position, cache, shared)
-
-    monkeypatch.setattr(engine, "_decode_step", spy)
     counts = {name: len(r) for name, r in reps.items()}
     out = rollout_document_actions(model, ids, specs, "doc-m", counts, 12, seed=3, eos_ids=eos)
 
@@ -482,7 +488,7 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, monkeypat
     assert z[0] == 0 and z[-1] > 0  # Z rows join as paths split
     # H − 1 = 11 decoding steps per group: X and both actions' Y rows, then the Z rows; the
     # control's X alone
-    assert rows == (4 + 4 + 4 + z).tolist() + [2] * 11
+    assert call_rows == (4 + 4 + 4 + z).tolist() + [2] * 11
     alone = rollout_document(model, ids, specs[0], "doc-m", 4, 12, seed=3, eos_ids=eos)
     for field in ("x_token", "y_token", "x_eos", "y_eos"):
         assert np.array_equal(getattr(out["snapkv-half"], field), getattr(alone, field))
@@ -519,21 +525,13 @@ def test_rollout_job_records_measured_timing_in_metadata(demo_path, tmp_path):
     assert cost["c_doc"] > 0 and cost["c_rep"] > 0
 
 
-def test_ended_rows_leave_the_batch(demo, monkeypatch):
+def test_ended_rows_leave_the_batch(demo, call_rows):
     """Rows whose stream has emitted EOS leave the batch (a quarter of it at a time) without
     changing the rollouts: the same tokens and EOS flags as a run that keeps every row
     (``keep_logits``), δ and f equal to float rounding."""
     model, _, ids, _ = demo
     probe = rollout_document(model, ids, FULL, "doc-e", 8, 16, seed=4, eos_ids=[0])
     common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
-    rows = []
-    real = engine._decode_step
-
-    def spy(model, tokens, position, cache, shared):
-        rows.append(tokens.shape[0])
-        return real(model, tokens, position, cache, shared)
-
-    monkeypatch.setattr(engine, "_decode_step", spy)
     specs = [parse_action(RECENT_HALF), parse_action(SNAPKV_HALF)]
     dropping = rollout_document_actions(model, ids, specs, "doc-e", 8, 32, 4, common)
     kept = rollout_document_actions(model, ids, specs, "doc-e", 8, 32, 4, common, keep_logits=True)
@@ -545,8 +543,8 @@ def test_ended_rows_leave_the_batch(demo, monkeypatch):
         for field in ("tv_rollout", "tv_fixed"):
             np.testing.assert_allclose(getattr(a, field), getattr(b, field), atol=1e-5)
     steps = dropping["recent-half"].x_eos.shape[1] - 1
-    assert len(rows) == 2 * steps  # one call per decoding step in each run
-    dropping_rows, keeping_rows = rows[:steps], rows[steps:]
+    assert len(call_rows) == 2 * steps  # one call per decoding step in each run
+    dropping_rows, keeping_rows = call_rows[:steps], call_rows[steps:]
     assert dropping_rows[0] == keeping_rows[0] == 8 * 3  # X and both actions' Y rows
     assert min(dropping_rows) < 8 * 3 and sum(dropping_rows) < sum(keeping_rows)
     assert min(keeping_rows) >= 8 * 3  # every row stays when the logits are kept
