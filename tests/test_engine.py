@@ -532,6 +532,7 @@ def test_ended_rows_leave_the_batch(demo, call_rows):
     model, _, ids, _ = demo
     probe = rollout_document(model, ids, FULL, "doc-e", 8, 16, seed=4, eos_ids=[0])
     common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
+    call_rows.clear()  # (the probe's calls)
     specs = [parse_action(RECENT_HALF), parse_action(SNAPKV_HALF)]
     dropping = rollout_document_actions(model, ids, specs, "doc-e", 8, 32, 4, common)
     kept = rollout_document_actions(model, ids, specs, "doc-e", 8, 32, 4, common, keep_logits=True)
