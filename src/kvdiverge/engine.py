@@ -719,8 +719,9 @@ def rollout_document_actions(
 
     ``input_ids``: the chat-wrapped prompt (:func:`kvdiverge.models.chat_prompt_ids`);
     ``eos_ids``: EOS token ids, the first one canonical. ``keep_logits`` also returns the
-    per-step logits of P (X rows), Q (Y rows) and Q on X's history (Z rows), for tests.
-    A ``prefill`` from :func:`kvdiverge.eviction.run_prefill` may be passed in.
+    per-step logits of P (X rows), Q (Y rows) and Q on X's history (Z rows), for tests; it
+    keeps every row in the batch, also after its stream has ended. A ``prefill`` from
+    :func:`kvdiverge.eviction.run_prefill` may be passed in.
 
     An action that keeps every prompt entry (``full``, or a budget ≥ n) has Q = P as a kernel:
     with ``exact_identity`` (default) Q and the fixed-history Q are P itself, so δ ≡ f ≡ 0 and
