@@ -47,36 +47,31 @@ def _expected_jobs() -> dict[str, int]:
     }
 
 
-@pytest.mark.slow
-def test_paper_config_dry_run_lists_every_job(tmp_path):
+def _paper_dry_run(tmp_path, *options: str):
+    """``snakemake -n`` of configs/paper.yaml (stand-in model paths) with extra ``options``."""
     work = workflow_copy(tmp_path)
     override = _stand_in_models(tmp_path)
-    res = run_snakemake(
+    return run_snakemake(
         work,
         "-n",
+        *options,
         "--replace-workflow-config",
         "--configfile",
         "configs/paper.yaml",
         str(override),
     )
+
+
+@pytest.mark.slow
+def test_paper_config_dry_run_lists_every_job(tmp_path):
+    res = _paper_dry_run(tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert planned_jobs(res) == _expected_jobs()
 
 
 @pytest.mark.slow
 def test_slurm_profile_dry_run_resolves_gpu_resources(tmp_path):
-    work = workflow_copy(tmp_path)
-    override = _stand_in_models(tmp_path)
-    res = run_snakemake(
-        work,
-        "-n",
-        "--workflow-profile",
-        "profiles/slurm",
-        "--replace-workflow-config",
-        "--configfile",
-        "configs/paper.yaml",
-        str(override),
-    )
+    res = _paper_dry_run(tmp_path, "--workflow-profile", "profiles/slurm")
     text = res.stdout + res.stderr
     assert res.returncode == 0, text[-3000:]
     assert planned_jobs(res) == _expected_jobs()

@@ -247,15 +247,15 @@ def _fused_kernel(q: torch.Tensor) -> Any:
     key = (q.device.type, q.dtype, q.shape[-1])
     if key not in _FUSED:
         candidates = _FUSED_CANDIDATES.get(q.device.type, ())
-        _FUSED[key] = next((f for f in candidates if _kernel_agrees(f, *key, q.device)), None)
+        _FUSED[key] = next(
+            (f for f in candidates if _kernel_agrees(f, q.dtype, q.device, q.shape[-1])), None
+        )
         if _FUSED[key] is None and candidates:
             log.info("no fused attention kernel for %s; using the plain path", key)
     return _FUSED[key]
 
 
-def _kernel_agrees(
-    kernel: Any, device_type: str, dtype: torch.dtype, d: int, device: torch.device
-) -> bool:
+def _kernel_agrees(kernel: Any, dtype: torch.dtype, device: torch.device, d: int) -> bool:
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn((2, 2, s, d), generator=gen).to(device, dtype) for s in (5, 37, 37))
     scale = d**-0.5
