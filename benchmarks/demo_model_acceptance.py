@@ -1,6 +1,6 @@
 """Acceptance of the trained demo models (README "Demo models"; issue "A tiny trained demo model").
 
-Prints, per demo model of config.yaml:
+Prints, per demo model of configs/tiny.yaml:
 
 1. needle accuracy with the full cache (greedy reply contains every gold answer, RULER's
    string_match_all) on held-out prompts of the RULER generators at the default strata's
@@ -70,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     validate_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
     H, seed = config["rollout"]["H"], config["seed"]
     reserve = config["datasets"]["generation_reserve"]

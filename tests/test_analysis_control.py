@@ -3,12 +3,15 @@ document."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
 import pytest
 
 from kvdiverge.analysis.control import (
     ControlCheckError,
     check_full_retention_control,
+    control_tolerance,
     control_violations,
 )
 from kvdiverge.analysis.document_stats import document_stats
@@ -47,7 +50,7 @@ def test_clean_control_passes(study):
 @pytest.mark.parametrize(
     "change",
     [
-        {"tv_rollout": 1e-6},
+        {"tv_rollout": 1e-3},
         {"tv_fixed": 0.25},
         {"y_token": 999, "mismatch": True},
         {"y_token": 999},
@@ -74,3 +77,59 @@ def test_document_stats_runs_the_control_check(study, tmp_path):
     ok = {"full": list(study["full"].values()), "strong": files["strong"]}
     stats, _ = document_stats(ok, list(study["documents"].values()), control="full")
     assert set(stats["action"]) == {"full", "strong"}
+
+
+def test_tolerance_by_device_and_dtype(study, tmp_path):
+    assert control_tolerance({"device": "cpu", "dtype": "float32"}) == 1e-4
+    assert control_tolerance({"device": "cuda:0", "dtype": "bfloat16"}) == 2e-2
+    assert control_tolerance({"device": "mps", "dtype": "float32"}) == 0.0  # unknown: exact
+    path = list(study["full"].values())[0]
+    float32 = read_trajectory_metadata(path) | {"dtype": "float32"}
+
+    def rewrite(source, out, **meta):
+        write_trajectories(read_trajectories(source), out, float32 | meta)
+        return out
+
+    tampered = tmp_path / "tampered.parquet"
+    _tamper(path, tampered, tv_rollout=1e-6, tv_fixed=1e-6)  # rounding of a threaded GEMM
+    check_full_retention_control([rewrite(tampered, tmp_path / "cpu32.parquet")])
+    strict = rewrite(tampered, tmp_path / "mps.parquet", device="mps")
+    with pytest.raises(ControlCheckError, match="deviate from δ ≡ 0, X ≡ Y"):
+        check_full_retention_control([strict])
+    # a split by chance (δ > 0 at that step) is allowed; f must stay within the tolerance
+    _tamper(path, tampered, tv_rollout=1e-6, y_token=999, mismatch=True)
+    check_full_retention_control([rewrite(tampered, tmp_path / "chance.parquet")])
+    for change in ({"tv_fixed": 1e-3}, {"y_token": 999, "mismatch": True}, {"y_token": 999}):
+        _tamper(path, tampered, **change)  # f too large; a split at δ = 0; flags contradict
+        with pytest.raises(ControlCheckError, match="deviate from δ, f ≤ 0.0001"):
+            check_full_retention_control([rewrite(tampered, tmp_path / "bad.parquet")])
+
+
+@pytest.mark.slow
+def test_a_broken_gather_fails_the_pipelines_control_check(tmp_path, monkeypatch):
+    """The control runs through the gather and the shared-prefix attention like any action, so
+    a defect there (values scaled by one half) makes the pipeline's control check fail."""
+    import kvdiverge.engine as engine
+    from kvdiverge.engine import run_stratum_rollout_job
+
+    root = Path(__file__).resolve().parents[1]
+    documents = root / "tests" / "data" / "documents" / "ruler-1024.parquet"
+    model = {"name": "tiny-llama", "path": str(root / "data" / "models" / "tiny-llama")}
+    actions = {"full": {"selector": "full"}, "recent-half": {"selector": "recent", "budget": 0.5}}
+    cohorts = {name: {"dev": 2} for name in actions}
+
+    def job(folder):
+        out = {name: tmp_path / folder / f"{name}.parquet" for name in actions}
+        run_stratum_rollout_job(documents, out, model, actions, cohorts, H=8, seed=1)
+        return {name: [path] for name, path in out.items()}
+
+    document_stats(job("sound"), [documents], control="full")  # passes
+    gather = engine._gather_prefix
+
+    def broken(prefill, kept):
+        return [(keys, 0.5 * values) for keys, values in gather(prefill, kept)]
+
+    monkeypatch.setattr(engine, "_gather_prefix", broken)
+    with pytest.raises(ControlCheckError) as info:
+        document_stats(job("broken"), [documents], control="full")
+    assert "full-retention control failed" in str(info.value) and "\n" not in str(info.value)

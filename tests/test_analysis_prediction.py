@@ -118,3 +118,67 @@ def test_missing_action_and_empty_cohort_are_errors(study):
         prediction_table(partial, clock, model="m", pair=PAIR, eval_cohort="study1", draws=10)
     with pytest.raises(AnalysisInputError, match="cohort 'study2' has no documents"):
         prediction_table(stats, clock, model="m", pair=PAIR, eval_cohort="study2", draws=10)
+
+
+def _shuffle_unordered_joins(monkeypatch) -> None:
+    """Make every DataFrame join that does not ask for an order return its rows shuffled.
+
+    Without ``maintain_order`` polars promises no row order; a later version may reorder, so
+    code that matches join results to rows by position must fail here."""
+    original = pl.DataFrame.join
+    rng = np.random.default_rng(0)
+
+    def join(self, other, *args, **kwargs):
+        out = original(self, other, *args, **kwargs)
+        if kwargs.get("maintain_order") in (None, "none"):
+            out = out[rng.permutation(out.height)]
+        return out
+
+    monkeypatch.setattr(pl.DataFrame, "join", join)
+
+
+def test_cell_means_are_matched_to_rows_by_key(study, monkeypatch):
+    stats, _ = study
+    dev = stats.filter(pl.col("cohort") == "dev", pl.col("action").is_in(PAIR))
+    test = stats.filter(pl.col("cohort") == "study1", pl.col("action").is_in(PAIR))
+    test = test.sample(fraction=1.0, shuffle=True, seed=1)  # rows in no particular order
+    # one test stratum unseen in training: its rows fall back to the action's mean
+    test = test.with_columns(
+        stratum=pl.when(pl.col("doc_id").str.ends_with("0"))
+        .then(pl.lit("unseen"))
+        .otherwise(pl.col("stratum"))
+    )
+    _shuffle_unordered_joins(monkeypatch)
+    pred = _fit_predict("cell_mean", dev, test, [])
+    cells = {
+        (s, a): v
+        for s, a, v in dev.group_by("stratum", "action").agg(pl.col("mismatch").mean()).iter_rows()
+    }
+    overall = {a: v for a, v in dev.group_by("action").agg(pl.col("mismatch").mean()).iter_rows()}
+    expected = [
+        cells.get((s, a), overall[a]) for s, a in zip(test["stratum"], test["action"], strict=True)
+    ]
+    assert "unseen" in set(test["stratum"])
+    np.testing.assert_array_equal(pred, expected)
+
+
+def test_prediction_table_does_not_depend_on_row_order(study, monkeypatch):
+    """Shuffled input rows and order-free joins give the same table: documents are matched by
+    key everywhere (cell means, document contrasts, uncalibrated gaps, bootstrap order)."""
+    stats, clock = study
+    kwargs = dict(model="m", pair=PAIR, eval_cohort="study1", draws=200, seed=3, folds=3)
+    reference = prediction_table(stats, clock, **kwargs)
+    _shuffle_unordered_joins(monkeypatch)
+    shuffled = stats.sample(fraction=1.0, shuffle=True, seed=7)
+    again = prediction_table(shuffled, clock, **kwargs)
+    assert again.select("observation", "predictor", "quantity").equals(
+        reference.select("observation", "predictor", "quantity")
+    )
+    for column in ("value", "ci_low", "ci_high"):
+        np.testing.assert_allclose(
+            again[column].to_numpy().astype(float),
+            reference[column].to_numpy().astype(float),
+            rtol=1e-12,
+            atol=1e-15,
+        )
+    assert again["decision"].to_list() == reference["decision"].to_list()

@@ -23,9 +23,9 @@ RULES = ["document_stats", "estimands", "prediction", "plan_sample_sizes"]
 
 @pytest.mark.slow
 def test_analysis_rules_on_synthetic_trajectories(tmp_path):
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     validate_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
-    shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")
+    shutil.copy(ROOT / "configs" / "tiny.yaml", tmp_path / "config.yaml")
     shutil.copytree(ROOT / "data" / "fixtures", tmp_path / "data" / "fixtures")
     H = config["rollout"]["H"]
     strata = [f"{s['env']}-{s['label']}" for s in config["datasets"]["strata"]]

@@ -23,8 +23,9 @@ def default_config() -> dict:
     return yaml.safe_load((ROOT / "config.yaml").read_text())
 
 
-def test_default_config_is_valid_and_defaults_filled():
-    cfg = default_config()
+@pytest.mark.parametrize("name", ["config.yaml", "configs/tiny.yaml", "configs/paper.yaml"])
+def test_shipped_configs_are_valid_and_defaults_filled(name):
+    cfg = yaml.safe_load((ROOT / name).read_text())
     validate_config(cfg, SCHEMA)
     assert isinstance(cfg["seed"], int)
     assert "finite_state" in cfg

@@ -11,11 +11,13 @@ from scipy import stats
 
 from kvdiverge.coupling import (
     Stream,
+    canonical_eos,
     crn_uniforms,
     document_key,
     inverse_cdf,
     maximal_coupling_joint,
     maximal_coupling_step,
+    merge_eos,
     tv,
 )
 
@@ -223,3 +225,50 @@ def test_crn_streams_and_keys_are_uncorrelated():
     # Pairwise among the coupling's own streams too.
     accept, residual = variants["stream ACCEPT"], variants["stream RESIDUAL"]
     assert abs(np.corrcoef(accept, residual)[0, 1]) < bound
+
+
+def test_merge_eos_sums_every_eos_id_onto_the_smallest():
+    kernel = np.array([[0.1, 0.2, 0.3, 0.15, 0.25], [0.0, 0.5, 0.0, 0.5, 0.0]])
+    merged = merge_eos(kernel, [3, 1])
+    assert canonical_eos([3, 1]) == 1
+    assert np.array_equal(
+        merged, np.array([[0.1, 0.35, 0.3, 0.0, 0.25], [0.0, 1.0, 0.0, 0.0, 0.0]])
+    )
+    assert np.array_equal(merge_eos(kernel, [1, 3]), merged)  # order of the ids is irrelevant
+    assert merge_eos(kernel, [3]) is kernel  # one id: unchanged
+    torch_merged = merge_eos(torch.tensor(kernel), [3, 1])
+    assert np.array_equal(torch_merged.numpy(), merged)
+    inplace = torch.tensor(kernel)
+    assert merge_eos(inplace, (1, 3), inplace=True) is inplace
+    assert np.array_equal(inplace.numpy(), merged)
+
+
+@pytest.mark.parametrize("sampler", ["accept", "overlap"])
+def test_coupling_with_two_eos_ids_has_the_merged_joint_law(sampler):
+    """The coupling of merged kernels, sampled, against the exact joint law of the maximal
+    coupling over the outcomes {0, 2, 3, 5, EOS} written out here by hand."""
+    rng = np.random.default_rng(7)
+    p, q = rng.dirichlet(np.ones(6)), rng.dirichlet(np.ones(6))
+    eos = [4, 1]
+    outcomes = [0, 2, 3, 5]  # and EOS, recorded as id 1
+
+    def law(d):
+        return np.array([d[0], d[2], d[3], d[5], d[1] + d[4]])
+
+    pm, qm = law(p), law(q)
+    overlap = np.minimum(pm, qm)
+    e = 1.0 - overlap.sum()
+    exact = np.diag(overlap) + np.outer(pm - overlap, qm - overlap) / e
+    n = 400_000
+    u = np.stack([crn_uniforms(11, "eos-law", np.arange(n), 1, s) for s in (0, 1, 2)], axis=-1)
+    x, y = maximal_coupling_step(
+        merge_eos(np.tile(p, (n, 1)), eos), merge_eos(np.tile(q, (n, 1)), eos), u, sampler
+    )
+    assert not np.isin(x, [4]).any() and not np.isin(y, [4]).any()
+    index = {token: i for i, token in enumerate(outcomes)} | {1: 4}
+    counts = np.zeros((5, 5))
+    np.add.at(counts, ([index[int(a)] for a in x], [index[int(b)] for b in y]), 1)
+    bound = 5 * np.sqrt(exact * (1 - exact) / n) + 1e-12
+    assert np.all(np.abs(counts / n - exact) <= bound)
+    # both sequences end together with probability min(p(EOS), q(EOS))
+    assert abs(counts[4, 4] / n - min(pm[4], qm[4])) <= bound[4, 4]

@@ -34,7 +34,7 @@ from kvdiverge.datasets import (
 
 
 def default_config() -> DatasetsConfig:
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
     validate_config(cfg, REPO / "workflow" / "schemas" / "config.schema.yaml")
     return DatasetsConfig.from_config(cfg["datasets"])
 

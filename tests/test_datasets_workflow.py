@@ -17,7 +17,7 @@ SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 
 def _default_strata() -> list[str]:
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     return [f"{s['env']}-{s['label']}" for s in config["datasets"]["strata"]]
 
 

@@ -14,6 +14,7 @@ from engine_reference import law_differences, reference_logits
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import kvdiverge.engine as engine
+from kvdiverge.analysis.control import check_full_retention_control
 from kvdiverge.analysis.planning import cost_from_timing, read_timing
 from kvdiverge.coupling import maximal_coupling_joint
 from kvdiverge.engine import (
@@ -94,16 +95,27 @@ def test_first_step_and_full_control(demo):
     assert np.all(r.tv_rollout[:, 0] == 0) and np.all(r.tv_fixed[:, 0] == 0)  # δ_1 = f_1 = 0
     assert np.all(r.x_token[:, 0] == r.y_token[:, 0])
     assert r.tv_rollout[:, 1:].max() > 0
+    # the control runs its own rows over the gathered full cache: P and Q agree to rounding
     full = rollout_document(model, ids, FULL, "doc-b", 6, 16, seed=1, eos_ids=eos)
-    assert np.all(full.tv_rollout == 0) and np.all(full.tv_fixed == 0)
+    assert full.tv_rollout.max() < 1e-5 and full.tv_fixed.max() < 1e-5
     assert np.array_equal(full.x_token, full.y_token)
     assert full.n_kept == full.n_prompt == len(ids)
-    # the general path (Y and Z rows' own logits over the gathered full cache) agrees to fp
-    general = rollout_document(
-        model, ids, FULL, "doc-b", 6, 16, seed=1, eos_ids=eos, exact_identity=False
+    assert full.rows_per_replicate == 3  # X, the control's Y and (after a split) Z
+    # with one thread the matrix products are bit-exact: δ ≡ f ≡ 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        exact = rollout_document(model, ids, FULL, "doc-b", 6, 16, seed=1, eos_ids=eos)
+    finally:
+        torch.set_num_threads(threads)
+    assert np.all(exact.tv_rollout == 0) and np.all(exact.tv_fixed == 0)
+    # the benchmarks' shortcut: Q := P, no rows of its own
+    shortcut = rollout_document(
+        model, ids, FULL, "doc-b", 6, 16, seed=1, eos_ids=eos, identity_shortcut=True
     )
-    assert general.tv_rollout.max() < 1e-5 and general.tv_fixed.max() < 1e-5
-    assert np.array_equal(general.x_token, full.x_token)
+    assert np.all(shortcut.tv_rollout == 0) and np.all(shortcut.tv_fixed == 0)
+    assert shortcut.rows_per_replicate == 1
+    assert np.array_equal(shortcut.x_token, full.x_token)
 
 
 def test_reference_is_shared_across_actions_and_reruns_are_bit_identical(demo):
@@ -176,12 +188,40 @@ def test_eos_is_absorbing(demo):
             assert np.array_equal(ended, np.maximum.accumulate(np.isin(tokens, common)))
             if ended.any():
                 first = int(np.argmax(ended))
-                assert np.all(tokens[first + 1 :] == common[0])  # canonical EOS repeated
+                assert np.all(tokens[first:] == min(common))  # the merged EOS outcome
         both = r.x_eos[k] & r.y_eos[k]
         shifted = np.concatenate([[False], both[:-1]])  # kernels are point masses from t+1
         assert np.all(r.tv_rollout[k][shifted] == 0)
         x_ended_before = np.concatenate([[False], r.x_eos[k][:-1]])
         assert np.all(r.tv_fixed[k][x_ended_before] == 0)
+
+
+def test_several_eos_ids_are_one_outcome(demo):
+    model, _, ids, _ = demo
+    probe = rollout_document(
+        model, ids, FULL, "doc-f", 8, 16, seed=4, eos_ids=[0], identity_shortcut=True
+    )
+    common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
+    specs = [SNAPKV_HALF, RECENT_HALF, FULL]
+    orders = [common, common[::-1], [common[2], common[0], common[3], common[1]]]
+    runs = [
+        rollout_document_actions(model, ids, specs, "doc-f", 8, 32, seed=4, eos_ids=order)
+        for order in orders
+    ]
+    fields = ("x_token", "y_token", "tv_rollout", "tv_fixed", "x_eos", "y_eos")
+    for other in runs[1:]:  # exactly invariant to the order of eos_ids
+        for name, result in runs[0].items():
+            for field in fields:
+                assert np.array_equal(getattr(result, field), getattr(other[name], field)), field
+    for name, r in runs[0].items():
+        assert r.x_eos[:, -1].any() and r.y_eos[:, -1].any(), name
+        # an EOS outcome is recorded as the smallest id; two ended sequences agree
+        assert np.all(r.x_token[r.x_eos] == min(common))
+        assert np.all(r.y_token[r.y_eos] == min(common))
+        assert not np.any((r.x_token != r.y_token) & r.x_eos & r.y_eos)
+    # the merged outcome is not the first id's alone: a run that knows only one id differs
+    alone = rollout_document(model, ids, RECENT_HALF, "doc-f", 8, 32, seed=4, eos_ids=common[:1])
+    assert not np.array_equal(alone.x_eos, runs[0]["recent-half"].x_eos)
 
 
 @pytest.fixture(scope="module")
@@ -431,7 +471,8 @@ def test_multi_action_job_files_equal_single_action_jobs(demo_path, tmp_path, co
         assert frames[name].height == (2 * 2 + 3 * STUDY_COHORTS[name]["study1"]) * 8
     assert frames["snapkv-half"]["mismatch"].any()
     full = frames["full"]
-    assert (full["tv_rollout"] == 0).all() and (full["x_token"] == full["y_token"]).all()
+    assert full["tv_rollout"].max() < 1e-5 and (full["x_token"] == full["y_token"]).all()
+    check_full_retention_control([multi["full"]])  # the pipeline's control check passes
     shared = [
         frames[name].filter(pl.col("replicate") < 2).sort("doc_id", "replicate", "t")["x_token"]
         for name in STUDY_ACTIONS
@@ -466,7 +507,7 @@ def call_rows(monkeypatch) -> list[int]:
 def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows):
     """X rows run once per replicate set (the control, with fewer replicates, apart), in one
     model call per step with each evicting action's k Y rows and the Z rows of the
-    replicates that have split; a full-retention action adds no rows."""
+    replicates that have split; the full-retention control runs its own Y rows too."""
     model, _, ids, eos = demo
     specs = [parse_action(STUDY_ACTIONS[n]) for n in ("snapkv-half", "recent-half", "full")]
     reps = {"snapkv-half": np.arange(4), "recent-half": np.arange(4), "full": np.arange(2)}
@@ -487,8 +528,9 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows
     z = z_rows(out["snapkv-half"]) + z_rows(out["recent-half"])
     assert z[0] == 0 and z[-1] > 0  # Z rows join as paths split
     # H − 1 = 11 decoding steps per group: X and both actions' Y rows, then the Z rows; the
-    # control's X alone
-    assert call_rows == (4 + 4 + 4 + z).tolist() + [2] * 11
+    # control's X and its own Y rows (over the gathered full cache; no split, so no Z rows)
+    assert np.array_equal(out["full"].x_token, out["full"].y_token)
+    assert call_rows == (4 + 4 + 4 + z).tolist() + [2 + 2] * 11
     alone = rollout_document(model, ids, specs[0], "doc-m", 4, 12, seed=3, eos_ids=eos)
     for field in ("x_token", "y_token", "x_eos", "y_eos"):
         assert np.array_equal(getattr(out["snapkv-half"], field), getattr(alone, field))

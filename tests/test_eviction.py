@@ -207,3 +207,35 @@ def test_a_new_selector_is_one_small_class(demo):
         assert kept[0, 0].tolist() == list(range(len(ids) // 2))
     finally:
         del SELECTORS["first-test"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_snapkv_kept_sets_equal_kvpress_own_compression(demo, dtype):
+    """kvpress's SnapKVPress, applied through its own hooks to the same model and prompt, keeps
+    exactly the positions the project's selector keeps, per layer and KV head, also in
+    bfloat16 (where the order and dtypes of the score arithmetic decide near-ties)."""
+    from kvpress import SnapKVPress
+
+    from kvdiverge.eviction import run_prefill, select_positions
+
+    path, _, ids = demo
+    model = load_model(str(path), dtype=dtype)
+    n, window = len(ids), 32
+    for ratio in (0.5, 0.25, 0.75):
+        n_keep = int(n * (1 - ratio))  # kvpress's kept count, given as an integer budget
+        press = SnapKVPress(compression_ratio=ratio, window_size=window, kernel_size=5)
+        with torch.no_grad(), press(model):
+            cache = model(torch.tensor([ids]), use_cache=True).past_key_values
+        action = parse_action(
+            {"name": "s", "selector": "snapkv", "budget": n_keep, "window": window, "kernel": 5}
+        )
+        prefill = run_prefill(model, ids, window)
+        ours = select_positions(prefill, action)
+        for layer, entry in enumerate(cache.layers):
+            full, pressed = prefill.keys[layer], entry.keys[0]  # (H_kv, n, d), (H_kv, n_keep, d)
+            assert pressed.shape[1] == n_keep
+            for head in range(full.shape[0]):
+                same = (pressed[head][:, None, :] == full[head][None, :, :]).all(-1)
+                theirs = same.float().argmax(-1).sort().values  # positions of kvpress's keys
+                assert same.any(-1).all()
+                assert torch.equal(theirs, ours[layer, head].to(theirs.device)), (ratio, layer)

@@ -1,6 +1,7 @@
-"""The embedded default end to end (issue 6): `snakemake --cores 2` in a fresh copy of the
-repository builds every output of `rule all`, passes the full-retention control, and
-`snakemake --report` collects every figure and table into one HTML file."""
+"""The embedded default end to end: `snakemake --cores 2` in a fresh copy of the repository
+materializes SmolLM2 from its package, builds every output of `rule all`, passes the
+full-retention control, and `snakemake --report` collects every figure and table into one HTML
+file."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
-    work = workflow_copy(tmp_path_factory.mktemp("default"))
+    work = workflow_copy(tmp_path_factory.mktemp("default"), config="default")
     dry = run_snakemake(work, "-n")
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
     res = run_snakemake(work, timeout=1800)
@@ -48,7 +49,9 @@ def test_control_is_exact_and_eviction_diverges(default_run):
         (pl.col("stratum") == "pooled") & (pl.col("contrast").fill_null("") == "")
     )
     control = pooled.filter((pl.col("action") == "full") & pl.col("estimand").is_in(["R", "F"]))
-    assert control.height > 0 and (control["value"] == 0).all()
+    # the control runs its own rows over a gather of every position: rounding of threaded
+    # matrix products only (its tolerance, kvdiverge.analysis.control.CONTROL_TOLERANCE)
+    assert control.height > 0 and (control["value"].abs() < 1e-4).all()
     evicted = pooled.filter((pl.col("action") == "recent-half") & (pl.col("estimand") == "R_smc"))
     assert evicted.height > 0 and (evicted["value"] > 0).all()
 

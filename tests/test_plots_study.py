@@ -241,11 +241,11 @@ def test_rules_draw_every_figure_and_table_from_placed_estimands(tmp_path, study
 def test_main_contrast_must_be_a_contrast_of_the_study(tmp_path):
     work = workflow_copy(tmp_path)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("figures:\n  main_contrast: {study2: [recent-90, snapkv-90]}\n")
+    bad.write_text("figures:\n  main_contrast: {study2: [snapkv-90, recent-90]}\n")
     target = "results/study2/tables/table3.csv"
     res = run_snakemake(work, "-n", target, "--configfile", str(bad))
     assert res.returncode != 0
     assert (
         "config.figures.main_contrast.study2: expected one of the study's contrasts "
-        "[['snapkv-90', 'recent-90']] (config.analysis.contrasts), got ['recent-90', 'snapkv-90']"
+        "[['recent-90', 'snapkv-90']] (config.analysis.contrasts), got ['snapkv-90', 'recent-90']"
     ) in res.stdout + res.stderr

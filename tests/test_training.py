@@ -51,7 +51,7 @@ TINY = {
 
 
 def _config() -> dict:
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     validate_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
     return config
 
@@ -217,10 +217,12 @@ def test_stale_or_missing_fingerprint_is_one_clear_line(name, tmp_path):
 def test_workflow_refuses_stale_weights_at_parse_time(tmp_path):
     work = tmp_path / "wf"
     work.mkdir()
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy(ROOT / name, work / name)
-    for folder in ("workflow", "envs", "data/fixtures", "data/models"):
+    shutil.copy(ROOT / "Snakefile", work / "Snakefile")
+    shutil.copy(ROOT / "configs" / "tiny.yaml", work / "config.yaml")
+    for folder in ("workflow", "envs", "data/fixtures"):
         shutil.copytree(ROOT / folder, work / folder)
+    for model in (ROOT / "data" / "models").glob("tiny-*"):
+        shutil.copytree(model, work / "data" / "models" / model.name)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [SNAKEMAKE, "--cores", "1", "--workflow-profile", "none", "-n"]
     name = sorted(_demo_models())[0]

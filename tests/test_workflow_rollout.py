@@ -89,8 +89,8 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
         assert frame.height == per_doc["K"].sum() * 10
         assert (frame.filter(pl.col("t") == 1)["tv_rollout"] == 0).all()  # δ_1 = 0
         assert (frame["n_kept"] <= frame["n_prompt"]).all()
-        if action == "full":
-            assert (frame["tv_rollout"] == 0).all() and (frame["tv_fixed"] == 0).all()
+        if action == "full":  # its own rows over the gathered full cache: rounding only
+            assert frame["tv_rollout"].max() < 1e-5 and frame["tv_fixed"].max() < 1e-5
             assert (frame["x_token"] == frame["y_token"]).all()
             assert (frame["n_kept"] == frame["n_prompt"]).all()
 

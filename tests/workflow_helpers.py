@@ -12,25 +12,37 @@ ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 
-def workflow_copy(tmp_path: Path, package: bool = False) -> Path:
+TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
+
+
+def workflow_copy(tmp_path: Path, package: bool = False, config: str = "tiny") -> Path:
     """A working copy of the workflow under ``tmp_path/wf``: Snakefile, config.yaml, configs/,
     workflow/, envs/, profiles/ and the tracked data (fixtures, committed demo models).
+
+    ``config="tiny"`` (the tests' fixture) makes ``configs/tiny.yaml`` — the two trained tiny
+    demo models — the copy's ``config.yaml``; ``config="default"`` keeps the embedded default
+    (SmolLM2, materialized by the workflow; a folder already materialized in the repository is
+    copied along to save the conversion).
 
     With ``package=True`` the ``kvdiverge`` package is copied to ``wf/pkg`` too; run snakemake
     with :func:`package_env` so that the copy is imported (and fingerprinted) instead of the
     installed one, and a test can edit a module without touching the repository.
     """
+    if config not in ("tiny", "default"):
+        raise ValueError(f"config: expected 'tiny' or 'default', got {config!r}")
     work = tmp_path / "wf"
     work.mkdir()
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy(ROOT / name, work / name)
-    for folder in ("workflow", "envs", "configs", "profiles", "data/fixtures", "data/models"):
+    shutil.copy(ROOT / "Snakefile", work / "Snakefile")
+    shutil.copy(TINY_CONFIG if config == "tiny" else ROOT / "config.yaml", work / "config.yaml")
+    ignore = shutil.ignore_patterns("__pycache__", ".*.tmp", ".*.parquet")
+    for folder in ("workflow", "envs", "configs", "profiles", "data/fixtures"):
         if (ROOT / folder).is_dir():
-            shutil.copytree(
-                ROOT / folder,
-                work / folder,
-                ignore=shutil.ignore_patterns("__pycache__", ".*.tmp", ".*.parquet"),
-            )
+            shutil.copytree(ROOT / folder, work / folder, ignore=ignore)
+    models = sorted((ROOT / "data" / "models").glob("tiny-*"))
+    if config == "default" and (ROOT / "data" / "models" / "smollm2" / "provenance.json").exists():
+        models.append(ROOT / "data" / "models" / "smollm2")
+    for model in models:
+        shutil.copytree(model, work / "data" / "models" / model.name, ignore=ignore)
     if package:
         shutil.copytree(
             ROOT / "src" / "kvdiverge",

@@ -14,11 +14,13 @@ import numpy as np
 
 __all__ = [
     "Stream",
+    "canonical_eos",
     "crn_uniforms",
     "document_key",
     "inverse_cdf",
     "maximal_coupling_joint",
     "maximal_coupling_step",
+    "merge_eos",
     "tv",
 ]
 
@@ -42,6 +44,49 @@ def _is_torch(a: Any) -> bool:
 def tv(p: Any, q: Any) -> Any:
     """TV(p, q) = 1/2 Σ_u |p(u) − q(u)| along the last axis (SPEC notation)."""
     return 0.5 * abs(p - q).sum(-1)
+
+
+def canonical_eos(eos_ids: Any) -> int:
+    """The index that stands for the one EOS outcome: the smallest EOS id.
+
+    Taking the smallest (not the first listed) makes every result invariant to the order in
+    which a model's generation config lists its EOS ids.
+    """
+    ids = [int(i) for i in eos_ids]
+    if not ids:
+        raise ValueError("eos_ids: at least one EOS token id is needed")
+    return min(ids)
+
+
+def merge_eos(kernel: Any, eos_ids: Any, inplace: bool = False) -> Any:
+    """The kernel with all EOS ids merged into one outcome, along the last axis.
+
+    A model with several end-of-sequence ids (Llama-3.1 lists three) ends a sequence with any
+    of them, and two sequences that both end have not disagreed: the end is ONE outcome of the
+    next-token law (``docs/method.md``, "End of sequence"). The merged kernel puts
+    Σ_{e ∈ eos_ids} kernel(e) on :func:`canonical_eos` and 0 on the other EOS ids; TV, the
+    coupling and the EOS flags are all computed on merged kernels. With a single EOS id the
+    kernel is returned unchanged (the same object). Works for numpy arrays and torch tensors;
+    ``inplace`` (torch only) overwrites ``kernel`` instead of a copy.
+    """
+    ids = sorted({int(i) for i in eos_ids})
+    if len(ids) < 2:
+        return kernel
+    canon, others = ids[0], ids[1:]
+    if _is_torch(kernel):
+        import torch
+
+        index = torch.tensor(ids, device=kernel.device)
+        mass = kernel.index_select(-1, index).sum(-1)
+        out = kernel if inplace else kernel.clone()
+        out[..., others] = 0
+        out[..., canon] = mass
+        return out
+    out = np.array(kernel, dtype=np.float64, copy=True)
+    mass = out[..., ids].sum(-1)
+    out[..., others] = 0
+    out[..., canon] = mass
+    return out
 
 
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)

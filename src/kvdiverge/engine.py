@@ -22,13 +22,21 @@ DESIGN §4:
   by (seed, document, replicate, t) only, so X is identical across actions; ACCEPT and RESIDUAL
   streams for Y. ``coupling="independent"`` salts all streams with the action name (each action
   then has its own X rows);
-* temperature 1, full softmax (float64), EOS absorbing (after EOS a sequence's kernel is the
-  point mass on the canonical EOS id, the first of ``eos_ids``); H steps always; rows whose
-  stream has ended leave the batch (a quarter of it at a time);
+* temperature 1, full softmax (float64); the EOS ids are ONE outcome of every kernel
+  (:func:`kvdiverge.coupling.merge_eos`: their probabilities are summed onto the smallest EOS
+  id before the TV and the coupling, so two sequences that both end agree, whatever id each
+  would have used, and results do not depend on the order of ``eos_ids``); an EOS outcome is
+  recorded as that smallest id; EOS is absorbing (after it a sequence's kernel is the point
+  mass on the merged outcome); H steps always; rows whose stream has ended leave the batch (a
+  quarter of it at a time);
 * on CUDA out-of-memory the replicate batch is split in halves and the rollout goes on.
 
-An action that keeps everything (``full``) reproduces the reference exactly (Q is P: δ ≡ 0,
-f ≡ 0, X ≡ Y, no rows of its own). Reruns are bit-identical. An action run with others
+An action that keeps everything (the full-retention control) runs through the same path as
+any evicting action: its cache is a gather of every position, its Y rows decode over it and
+its Q is computed from their own logits, so the control exercises the gather, the
+shared-prefix attention and the coupling and can fail (on CPU float32 it gives δ ≡ f ≡ 0 and
+X ≡ Y exactly). ``identity_shortcut=True`` (for benchmarks only) skips those rows and sets
+Q := P. Reruns are bit-identical. An action run with others
 shares its model calls with their rows, so its values equal a run of that action alone to
 floating-point rounding (the matrix products' batch differs), not bit for bit; the tokens
 differ only where a uniform falls within rounding of a CDF boundary. A replicate's Z row runs only
@@ -53,7 +61,15 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from kvdiverge.coupling import Stream, crn_uniforms, document_key, maximal_coupling_step, tv
+from kvdiverge.coupling import (
+    Stream,
+    canonical_eos,
+    crn_uniforms,
+    document_key,
+    maximal_coupling_step,
+    merge_eos,
+    tv,
+)
 from kvdiverge.eviction import (
     SELECTORS,
     ActionSpec,
@@ -279,8 +295,8 @@ def shared_prefix_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
     dropout: float = 0.0,
+    scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention over (shared prompt part) ∪ (each row's own generated part), merged exactly.
@@ -292,6 +308,8 @@ def shared_prefix_attention(
     SDPA attention. Each part gives a normalised output and its log-sum-exp; the exact softmax
     over the union is their mix with weight sigmoid(lse_prompt − lse_own) (log-sum-exp merge,
     DESIGN §4).
+    The signature is transformers' own (``sdpa_attention_forward``'s order: ``dropout`` before
+    ``scaling``), so wrappers that pass ``dropout`` by position, as kvpress's does, work.
     Returns (B, q, H, d) like transformers' attention functions.
     """
     prefix: SharedPrefix | None = kwargs.pop("kvd_prefix", None)
@@ -492,8 +510,8 @@ def _rollout_chunk(
         return streams, SharedPrefix(rows, prompts)
 
     streams, shared = layout()
-    eos = torch.tensor(list(eos_ids), device=device)
-    canonical = int(eos_ids[0])
+    eos = torch.tensor(sorted({int(e) for e in eos_ids}), device=device)
+    canonical = canonical_eos(eos_ids)
     first = prefill.last_logits.float()
     vocab = first.shape[-1]
     point_mass = torch.zeros(vocab, dtype=torch.float64, device=device)
@@ -537,7 +555,7 @@ def _rollout_chunk(
 
     with _attention_implementation(model, ATTENTION_NAME):
         for t in range(1, H + 1):
-            probs = logits.double().softmax(dim=-1)
+            probs = merge_eos(logits.double().softmax(dim=-1), eos_ids, inplace=True)
             p_raw = per_replicate(probs, 0)
             p = absorbed(p_raw, x_done)
             x = None
@@ -705,7 +723,7 @@ def rollout_document_actions(
     max_batch_rows: int = 192,
     keep_logits: bool = False,
     prefill: Prefill | None = None,
-    exact_identity: bool = True,
+    identity_shortcut: bool = False,
 ) -> dict[str, DocumentRollout]:
     """Coupled rollouts of one document under several actions (SPEC §1, §6; DESIGN §4).
 
@@ -718,15 +736,16 @@ def rollout_document_actions(
     rounding (the batch differs). Returns ``{action name: DocumentRollout}``.
 
     ``input_ids``: the chat-wrapped prompt (:func:`kvdiverge.models.chat_prompt_ids`);
-    ``eos_ids``: EOS token ids, the first one canonical. ``keep_logits`` also returns the
-    per-step logits of P (X rows), Q (Y rows) and Q on X's history (Z rows), for tests; it
-    keeps every row in the batch, also after its stream has ended. A ``prefill`` from
-    :func:`kvdiverge.eviction.run_prefill` may be passed in.
+    ``eos_ids``: EOS token ids, one merged outcome (:func:`kvdiverge.coupling.merge_eos`).
+    ``keep_logits`` also returns the per-step logits of P (X rows), Q (Y rows) and Q on X's
+    history (Z rows), for tests; it keeps every row in the batch, also after its stream has
+    ended. A ``prefill`` from :func:`kvdiverge.eviction.run_prefill` may be passed in.
 
-    An action that keeps every prompt entry (``full``, or a budget ≥ n) has Q = P as a kernel:
-    with ``exact_identity`` (default) Q and the fixed-history Q are P itself, so δ ≡ f ≡ 0 and
-    Y ≡ X exactly, and no Y/Z rows run. ``exact_identity=False`` runs its Y/Z rows over the
-    gathered full cache; they agree with P to floating-point accuracy.
+    An action that keeps every prompt entry (``full``, or a budget ≥ n) runs like any other:
+    its Y/Z rows decode over the gathered full cache, so the full-retention control tests the
+    gather, the attention and the coupling. ``identity_shortcut=True`` (benchmarks only) sets
+    Q and the fixed-history Q to P itself instead, so δ ≡ f ≡ 0 and Y ≡ X by construction, and
+    no Y/Z rows run.
 
     Each result also carries wall-clock seconds (``time.perf_counter``, after a CUDA
     synchronize; they change no value): ``prefill_seconds`` of the document's one prefill (the
@@ -763,7 +782,7 @@ def rollout_document_actions(
     for a in specs:  # selection and gather, timed per action
         start = _clock(device)
         kept[a.name] = select_positions(prefill, a)
-        identity = exact_identity and kept[a.name].shape[-1] == prefill.n
+        identity = identity_shortcut and kept[a.name].shape[-1] == prefill.n
         interventions.append(
             _Intervention(None if identity else _gather_prefix(prefill, kept[a.name]))
         )
@@ -843,7 +862,7 @@ def rollout_document(
     max_batch_rows: int = 192,
     keep_logits: bool = False,
     prefill: Prefill | None = None,
-    exact_identity: bool = True,
+    identity_shortcut: bool = False,
 ) -> DocumentRollout:
     """Coupled rollouts of one document under one action (SPEC §1, §6; DESIGN §4).
 
@@ -863,7 +882,7 @@ def rollout_document(
         max_batch_rows,
         keep_logits,
         prefill,
-        exact_identity,
+        identity_shortcut,
     )[action.name]
 
 

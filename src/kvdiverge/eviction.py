@@ -337,22 +337,25 @@ class RecentSelector(Selector):
 def snapkv_scores(
     window_queries: torch.Tensor, keys: torch.Tensor, window: int, kernel: int, groups: int
 ) -> torch.Tensor:
-    """SnapKV prefix scores of one layer (reference §3, steps 1–7): (H_kv, n − w).
+    """SnapKV prefix scores of one layer, as kvpress's ``SnapKVPress.score``: (H_kv, n − w).
 
-    ``window_queries`` (H, ≥w, d) post-RoPE, ``keys`` (H_kv, n, d) post-RoPE. Logits use
-    1/√d; causal mask inside the window; float32 softmax over all n keys; prefix columns kept
-    without renormalising; mean over the w queries; zero-padded average pooling (kernel k,
-    stride 1); mean over the query heads of each KV group.
+    ``window_queries`` (H, ≥w, d) post-RoPE, ``keys`` (H_kv, n, d) post-RoPE, in the model's
+    dtype. The arithmetic follows kvpress step by step and in its dtypes, so that the kept sets
+    agree also in bfloat16 (``docs/method.md``, "SnapKV"): logits q·kᵀ/√d in the model's dtype,
+    causal mask inside the window, softmax over all n keys in float32 cast back to the model's
+    dtype, prefix columns kept without renormalising, then in the model's dtype the mean over
+    the w queries, zero-padded average pooling (kernel k, stride 1) and the mean over the
+    query heads of each KV group.
     """
-    q = window_queries[:, -window:].float()
+    q = window_queries[:, -window:]
     n_heads, w, d = q.shape
     n = keys.shape[1]
-    k = keys.float().repeat_interleave(groups, dim=0)  # (H, n, d), repeat_kv layout
-    logits = q @ k.transpose(1, 2) / math.sqrt(d)
+    k = keys.to(q.dtype).repeat_interleave(groups, dim=0)  # (H, n, d), repeat_kv layout
+    logits = torch.matmul(q, k.transpose(1, 2)) / math.sqrt(d)
     pos_q = torch.arange(n - w, n, device=q.device)[:, None]
     pos_k = torch.arange(n, device=q.device)[None, :]
     logits = logits.masked_fill(pos_k > pos_q, float("-inf"))
-    probs = logits.softmax(dim=-1).to(window_queries.dtype).float()
+    probs = logits.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     prefix = probs[..., : n - w].mean(dim=1)  # (H, n − w)
     pooled = F.avg_pool1d(prefix[:, None, :], kernel, stride=1, padding=kernel // 2)[:, 0]
     return pooled.view(n_heads // groups, groups, -1).mean(dim=1)
@@ -384,15 +387,15 @@ class SnapKVSelector(Selector):
         _check_always_kept(action, n, n_keep, action.window, what)
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
-        n, w = prefill.n, action.window
+        w = action.window
         if not prefill.window_queries or prefill.window_queries[0].shape[1] < w:
             raise ActionError(f"action {action.name!r}: prefill did not record {w} window queries")
         out = []
         for q, k in zip(prefill.window_queries, prefill.keys, strict=True):
             scores = snapkv_scores(q, k, w, action.kernel, prefill.num_key_value_groups)
-            top = scores.topk(n_keep - w, dim=-1).indices
-            window = torch.arange(n - w, n, device=top.device).expand(top.shape[0], w)
-            out.append(torch.cat([top, window], dim=-1).sort(dim=-1).values)
+            # as kvpress: the window padded above the layer's largest score, top n_keep of all n
+            padded = F.pad(scores, (0, w), value=scores.max().item() + 1)
+            out.append(padded.topk(n_keep, dim=-1).indices.sort(dim=-1).values)
         return torch.stack(out)
 
 

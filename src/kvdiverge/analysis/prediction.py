@@ -77,12 +77,21 @@ def equivalence_decision(ci_low: float, ci_high: float, margin: float) -> str:
 def _fit_predict(
     predictor: str, train: pl.DataFrame, test: pl.DataFrame, features: list[str]
 ) -> np.ndarray:
-    """Predicted D_H for ``test`` rows from a candidate fitted on ``train``."""
+    """Predicted D_H for ``test`` rows from a candidate fitted on ``train``, in the row order
+    of ``test`` (the cell means are joined by key, keeping the order of ``test``)."""
     if predictor == "cell_mean":
         cells = train.group_by("stratum", "action").agg(pl.col("mismatch").mean().alias("pred"))
         overall = train.group_by("action").agg(pl.col("mismatch").mean().alias("fallback"))
-        out = test.join(cells, on=["stratum", "action"], how="left").join(
-            overall, on="action", how="left"
+        out = (
+            test.select("stratum", "action")
+            .join(
+                cells,
+                on=["stratum", "action"],
+                how="left",
+                validate="m:1",
+                maintain_order="left",
+            )
+            .join(overall, on="action", how="left", validate="m:1", maintain_order="left")
         )
         return out.select(pl.coalesce("pred", "fallback")).to_series().to_numpy()
     strata = sorted(set(train["stratum"]))
@@ -111,7 +120,10 @@ def _fit_predict(
 def _document_contrasts(
     frame: pl.DataFrame, predicted: np.ndarray, pair: tuple[str, str]
 ) -> pl.DataFrame:
-    """Per document: predicted and observed contrast b − a (rows sorted by stratum, doc_id)."""
+    """Per document: predicted and observed contrast b − a (rows sorted by stratum, doc_id).
+
+    ``predicted`` follows the row order of ``frame``; documents are then matched by key.
+    """
     b, a = pair
     rows = frame.select("doc_id", "stratum", "action", "mismatch").with_columns(pred=predicted)
     wide = rows.pivot(on="action", index=["doc_id", "stratum"], values=["mismatch", "pred"])
@@ -180,7 +192,9 @@ def prediction_table(
     dev = _select_rows(stats, dev_cohort, pair, where)
     test = _select_rows(stats, eval_cohort, pair, where)
     contrast_label = f"{pair[0]} - {pair[1]}"
-    test_docs = test.filter(pl.col("action") == pair[0]).sort("stratum", "doc_id")
+    # the bootstrap's document order; every per-document vector is joined onto it by doc_id
+    test_docs = test.filter(pl.col("action") == pair[0]).select("doc_id", "stratum")
+    test_docs = test_docs.sort("stratum", "doc_id")
     weights = stratified_bootstrap_weights(
         test_docs["stratum"].to_numpy(), draws, np.random.SeedSequence(seed)
     )
@@ -224,6 +238,9 @@ def prediction_table(
             )
         chosen = min(cv, key=cv.get)
         contrast = _document_contrasts(test, _fit_predict(chosen, dev, test, features), pair)
+        contrast = test_docs.join(
+            contrast, on=["doc_id", "stratum"], how="left", validate="1:1", maintain_order="left"
+        )
         diff = (contrast["predicted"] - contrast["observed"]).to_numpy()
         boot = resampled_means(weights, diff[:, None])
         low, high = percentile_interval(boot, adjusted)
@@ -242,11 +259,22 @@ def prediction_table(
         add(observation, chosen, "mae", np.abs(diff).mean())
         add(observation, chosen, "rmse", np.sqrt((diff**2).mean()))
 
-    b_rows = test.filter(pl.col("action") == pair[0]).sort("stratum", "doc_id")
-    a_rows = test.filter(pl.col("action") == pair[1]).sort("stratum", "doc_id")
-
     def gap(expr: pl.Expr) -> np.ndarray:
-        return (b_rows.select(expr).to_series() - a_rows.select(expr).to_series()).to_numpy()
+        """Per document (in the order of ``test_docs``): ``expr`` for b minus ``expr`` for a."""
+        sides = [
+            test.filter(pl.col("action") == action).select("doc_id", value=expr) for action in pair
+        ]
+        joined = test_docs.join(
+            sides[0], on="doc_id", how="left", validate="1:1", maintain_order="left"
+        ).join(
+            sides[1],
+            on="doc_id",
+            how="left",
+            suffix="_a",
+            validate="1:1",
+            maintain_order="left",
+        )
+        return (joined["value"] - joined["value_a"]).to_numpy()
 
     flat = pl.col("prefix_mismatch") * clock.H / clock.prefix
     uncalibrated = {
