@@ -127,3 +127,78 @@ def test_invalid_action_is_one_line_before_any_work(tmp_path):
     assert "config.studies.study1: action 'h2o-half' is not in config.actions" in (
         res.stdout + res.stderr
     )
+
+
+@pytest.mark.slow
+def test_several_eos_ids_through_the_pipeline_are_one_outcome(tmp_path):
+    """A model whose generation config lists several EOS ids: the rollout rule's files (and
+    the per-document statistics) are identical whatever the order of the list, and the second
+    id does end sequences."""
+    import json
+
+    import numpy as np
+
+    from kvdiverge.analysis.document_stats import document_stats
+    from kvdiverge.engine import rollout_document
+    from kvdiverge.models import chat_prompt_ids, load_model, load_tokenizer
+
+    work = _workdir(tmp_path)
+    demo = work / "data" / "models" / "tiny-llama"
+    tokenizer, model = load_tokenizer(str(demo)), load_model(str(demo))
+    prompt = pl.read_parquet(FIXTURE)["prompt"][0]
+    probe = rollout_document(
+        model, chat_prompt_ids(tokenizer, prompt), {"name": "full", "selector": "full"},
+        "probe", 8, 10, seed=1, eos_ids=[tokenizer.eos_token_id], identity_shortcut=True,
+    )  # fmt: skip
+    frequent = int(np.bincount(probe.x_token[:, 1:].ravel()).argmax())
+    assert frequent != tokenizer.eos_token_id
+    models = {}
+    for name, order in (("eos-ab", [tokenizer.eos_token_id, frequent]), ("eos-ba", None)):
+        order = order or models["eos-ab"][::-1]
+        folder = work / "data" / "extra" / name
+        shutil.copytree(demo, folder)
+        generation = json.loads((folder / "generation_config.json").read_text())
+        (folder / "generation_config.json").write_text(
+            json.dumps({**generation, "eos_token_id": order})
+        )
+        models[name] = order
+    override = tmp_path / "eos.yaml"
+    override.write_text(
+        yaml.safe_dump(
+            {
+                **SMALL,
+                "models": {name: {"path": f"data/extra/{name}"} for name in models},
+            }
+        )
+    )
+    actions = SMALL["studies"]["study1"]["actions"]
+    paths = {
+        (name, action): f"results/study1/{name}/trajectories/{action}/ruler-1024.parquet"
+        for name in models
+        for action in actions
+    }
+    res = _snakemake(work, *paths.values(), "--configfile", str(override))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    low = min(models["eos-ab"])
+    ended = 0
+    for action in actions:
+        ab, ba = (read_trajectories(work / paths[(name, action)]) for name in models)
+        assert ab.equals(ba), action  # tokens, mismatch, δ, f, EOS flags: all identical
+        assert read_trajectory_metadata(work / paths[("eos-ab", action)])["eos_ids"] == [
+            tokenizer.eos_token_id,
+            frequent,
+        ]
+        assert (ab.filter(pl.col("x_eos"))["x_token"] == low).all()
+        assert (ab.filter(pl.col("y_eos"))["y_token"] == low).all()
+        assert not ab.filter(pl.col("x_eos") & pl.col("y_eos"))["mismatch"].any()
+        ended += ab["x_eos"].sum()
+    assert ended > 0  # the added id ends sequences
+    stats = [
+        document_stats(
+            {a: [work / paths[(name, a)]] for a in actions},
+            [FIXTURE],
+            control="full",
+        )[0]
+        for name in models
+    ]
+    assert stats[0].equals(stats[1])
