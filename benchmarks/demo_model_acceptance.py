@@ -35,7 +35,7 @@ from kvdiverge.config import validate_config
 from kvdiverge.datasets import DatasetsConfig, materialize_stratum
 from kvdiverge.datasets.fitting import derive_seed
 from kvdiverge.datasets.ruler import RULER_TASKS
-from kvdiverge.engine import rollout_document
+from kvdiverge.engine import RolloutSettings, rollout_document
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
 from kvdiverge.training import TrainingSample, evaluate_answers, heldout_samples
 
@@ -177,7 +177,9 @@ def divergence(model, tokenizer, eos, samples, actions, K, H, seed, name) -> Non
         for i, sample in enumerate(samples):
             ids = chat_prompt_ids(tokenizer, sample.prompt)
             spec = {"name": action_name, **action}
-            r = rollout_document(model, ids, spec, f"acceptance/{name}/{i}", K, H, seed, eos)
+            r = rollout_document(
+                model, ids, spec, f"acceptance/{name}/{i}", K, eos, RolloutSettings(H, seed)
+            )
             mismatch = r.x_token != r.y_token
             tau = np.where(mismatch.any(1), mismatch.argmax(1) + 1, H + 1)
             per_doc.append(

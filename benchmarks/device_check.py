@@ -5,7 +5,7 @@ Qwen2 models built here (random weights, the engine tests' seed):
 
 1. torch, CUDA and device names;
 2. per architecture and dtype (float32, bfloat16): the fused attention kernel the engine
-   validated and chose (``kvdiverge.engine._fused_kernel``), and the largest difference
+   validated and chose (``kvdiverge.attention._fused_kernel``), and the largest difference
    between the engine's next-token laws (P on X's history, Q on Y's, Q on X's) and a plain
    transformers forward over an explicitly gathered cache on the same device, over every step
    of K = 4 replicates, H = 24 (DESIGN §4; float32 should be ≤ 1e-5 as on CPU);
@@ -30,7 +30,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from engine_reference import law_differences  # noqa: E402
 
+import kvdiverge.attention as attention  # noqa: E402
 import kvdiverge.engine as engine  # noqa: E402
+from kvdiverge.engine import RolloutSettings  # noqa: E402
 from kvdiverge.eviction import kept_positions, parse_action  # noqa: E402
 from kvdiverge.models import (  # noqa: E402
     build_demo_model,
@@ -55,7 +57,9 @@ def law_check(model_dir: Path, device: str, dtype: str, K: int = 4, H: int = 24)
     ids = chat_prompt_ids(tokenizer, PROMPT)
     eos = eos_token_ids(model, tokenizer)
     start = time.perf_counter()
-    r = engine.rollout_document(model, ids, ACTION, "check", K, H, 5, eos, keep_logits=True)
+    r = engine.rollout_document(
+        model, ids, ACTION, "check", K, eos, RolloutSettings(H, 5, keep_logits=True)
+    )
     seconds = time.perf_counter() - start
     kept, everything = kept_positions(model, ids, ACTION), kept_positions(model, ids, FULL)
     worst = dict.fromkeys(("p", "q", "q_fixed"), 0.0)
@@ -63,7 +67,7 @@ def law_check(model_dir: Path, device: str, dtype: str, K: int = 4, H: int = 24)
         for name, difference in law_differences(model, ids, kept, everything, r, k).items():
             worst[name] = max(worst[name], difference)
     probe = torch.empty((1, 1, 1, model.config.hidden_size // model.config.num_attention_heads))
-    kernel = engine._fused_kernel(probe.to(model.device, model.dtype))
+    kernel = attention._fused_kernel(probe.to(model.device, model.dtype))
     return {
         "dtype": str(model.dtype).removeprefix("torch."),
         "kernel": getattr(kernel, "__name__", "plain path"),

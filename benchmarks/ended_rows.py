@@ -4,7 +4,7 @@ A row whose stream has emitted EOS (X, Y, or Z once X has) has a point-mass kern
 on; the engine drops such rows from the batch once they are a quarter of it
 (``kvdiverge.engine``). This script runs study 1's four actions (SnapKV-512, SnapKV-half,
 recent-half, full) on held-out RULER needle prompts with the committed trained models, once
-with ended rows dropped and once with every row kept (``engine._DROP_ENDED``), interleaved,
+with ended rows dropped and once with every row kept (``RolloutSettings.drop_ended``), interleaved,
 and prints decoding seconds side by side with the share of paths whose X has ended by H and
 whether both runs give the same tokens. The gain grows with the share of row-steps after EOS,
 so with H and with how briefly the model answers.
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import kvdiverge.engine as engine
+from kvdiverge.engine import RolloutSettings
 from kvdiverge.eviction import parse_action
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
 from kvdiverge.training import heldout_samples
@@ -38,11 +39,12 @@ ACTIONS = [
 
 
 def _run(model, prompts, K: int, H: int, eos: list[int], drop: bool) -> tuple[float, list]:
-    engine._DROP_ENDED[0] = drop
     seconds, results = 0.0, []
     for j, ids in enumerate(prompts):
         start = time.perf_counter()
-        out = engine.rollout_document_actions(model, ids, ACTIONS, f"doc-{j}", K, H, 1, eos)
+        out = engine.rollout_document_actions(
+            model, ids, ACTIONS, f"doc-{j}", K, eos, RolloutSettings(H, 1, drop_ended=drop)
+        )
         seconds += time.perf_counter() - start
         results.append(out)
     return seconds, results
@@ -83,7 +85,6 @@ def main() -> None:
                             for pa, pb in zip(d, k, strict=True)
                             for a, b in zip(pa, pb, strict=True)
                         )
-            engine._DROP_ENDED[0] = True
             drop_s, keep_s = np.median(times[True]), np.median(times[False])
             rows.append((name, H, len(prompts), ended, drop_s, keep_s, same))
     print(

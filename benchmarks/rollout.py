@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from kvdiverge.coupling import Stream, crn_uniforms, document_key, maximal_coupling_step, tv
-from kvdiverge.engine import rollout_document, rollout_document_actions
+from kvdiverge.engine import RolloutSettings, rollout_document, rollout_document_actions
 from kvdiverge.eviction import parse_action, run_prefill, select_positions
 from kvdiverge.models import build_demo_model, eos_token_ids, load_model, load_tokenizer
 
@@ -152,13 +152,27 @@ def _study(model_dir: str, n: int, K: int, H: int, device: str, rounds: int) -> 
 
     def job() -> dict:
         return rollout_document_actions(
-            model, ids, STUDY_ACTIONS, DOC, K, H, SEED, eos, max_batch_rows=rows, prefill=prefill
+            model,
+            ids,
+            STUDY_ACTIONS,
+            DOC,
+            K,
+            eos,
+            RolloutSettings(H, SEED, max_batch_rows=rows),
+            prefill=prefill,
         )
 
     def separate() -> dict:
         return {
             a.name: rollout_document(
-                model, ids, a, DOC, K, H, SEED, eos, max_batch_rows=rows, prefill=prefill
+                model,
+                ids,
+                a,
+                DOC,
+                K,
+                eos,
+                RolloutSettings(H, SEED, max_batch_rows=rows),
+                prefill=prefill,
             )
             for a in STUDY_ACTIONS
         }
@@ -209,7 +223,14 @@ def _cell(model_dir: str, n: int, K: int, H: int, device: str, rounds: int) -> d
 
     def engine() -> tuple[np.ndarray, float]:  # decode seconds as the engine measures them
         r = rollout_document(
-            model, ids, ACTION, DOC, K, H, SEED, eos, max_batch_rows=3 * K, prefill=prefill
+            model,
+            ids,
+            ACTION,
+            DOC,
+            K,
+            eos,
+            RolloutSettings(H, SEED, max_batch_rows=3 * K),
+            prefill=prefill,
         )
         return np.stack([r.x_token, r.y_token], axis=-1), r.decode_seconds
 

@@ -16,7 +16,12 @@ from kvdiverge.analysis.control import (
 )
 from kvdiverge.analysis.document_stats import document_stats
 from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
-from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata, write_trajectories
+from kvdiverge.trajectories import (
+    TrajectoryFormatError,
+    read_trajectories,
+    read_trajectory_metadata,
+    write_trajectories,
+)
 
 LAMBDAS = {"full": 0.0, "strong": 0.6}
 
@@ -60,7 +65,8 @@ def test_tampered_control_fails_naming_document(study, tmp_path, change):
     path = list(study["full"].values())[0]
     bad = tmp_path / "full.parquet"
     doc = _tamper(path, bad, **change)
-    with pytest.raises(ControlCheckError) as info:
+    # Y ≠ X with I_t = 0 breaks the file contract itself: caught when the file is read
+    with pytest.raises((ControlCheckError, TrajectoryFormatError)) as info:
         check_full_retention_control([bad])
     msg = str(info.value)
     assert str(bad) in msg and repr(doc) in msg and "step 5" in msg and "replicate 1" in msg
@@ -99,18 +105,21 @@ def test_tolerance_by_device_and_dtype(study, tmp_path):
     # a split by chance (δ > 0 at that step) is allowed; f must stay within the tolerance
     _tamper(path, tampered, tv_rollout=1e-6, y_token=999, mismatch=True)
     check_full_retention_control([rewrite(tampered, tmp_path / "chance.parquet")])
-    for change in ({"tv_fixed": 1e-3}, {"y_token": 999, "mismatch": True}, {"y_token": 999}):
-        _tamper(path, tampered, **change)  # f too large; a split at δ = 0; flags contradict
+    for change in ({"tv_fixed": 1e-3}, {"y_token": 999, "mismatch": True}):
+        _tamper(path, tampered, **change)  # f too large; a split at δ = 0
         with pytest.raises(ControlCheckError, match="deviate from δ, f ≤ 0.0001"):
             check_full_retention_control([rewrite(tampered, tmp_path / "bad.parquet")])
+    _tamper(path, tampered, y_token=999)  # flags contradict the tokens: the file's contract
+    with pytest.raises(TrajectoryFormatError, match="mismatch = False contradicts"):
+        check_full_retention_control([rewrite(tampered, tmp_path / "bad.parquet")])
 
 
 @pytest.mark.slow
 def test_a_broken_gather_fails_the_pipelines_control_check(tmp_path, monkeypatch):
     """The control runs through the gather and the shared-prefix attention like any action, so
     a defect there (values scaled by one half) makes the pipeline's control check fail."""
-    import kvdiverge.engine as engine
-    from kvdiverge.engine import run_stratum_rollout_job
+    import kvdiverge.decode as decode
+    from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
 
     root = Path(__file__).resolve().parents[1]
     documents = root / "tests" / "data" / "documents" / "ruler-1024.parquet"
@@ -120,16 +129,16 @@ def test_a_broken_gather_fails_the_pipelines_control_check(tmp_path, monkeypatch
 
     def job(folder):
         out = {name: tmp_path / folder / f"{name}.parquet" for name in actions}
-        run_stratum_rollout_job(documents, out, model, actions, cohorts, H=8, seed=1)
+        run_stratum_rollout_job(documents, out, model, actions, cohorts, RolloutSettings(8, 1))
         return {name: [path] for name, path in out.items()}
 
     document_stats(job("sound"), [documents], control="full")  # passes
-    gather = engine._gather_prefix
+    gather = decode._gather_prefix
 
     def broken(prefill, kept):
         return [(keys, 0.5 * values) for keys, values in gather(prefill, kept)]
 
-    monkeypatch.setattr(engine, "_gather_prefix", broken)
+    monkeypatch.setattr(decode, "_gather_prefix", broken)
     with pytest.raises(ControlCheckError) as info:
         document_stats(job("broken"), [documents], control="full")
     assert "full-retention control failed" in str(info.value) and "\n" not in str(info.value)

@@ -1,4 +1,4 @@
-"""The coupled rollout engine (kvdiverge.engine; SPEC §1, §5, §6; DESIGN §3.2, §4)."""
+"""The coupled rollout engine (kvdiverge.attention, kvdiverge.decode, kvdiverge.rollout_job)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,17 @@ import transformers
 from engine_reference import law_differences, reference_logits
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import kvdiverge.engine as engine
+import kvdiverge.attention as attention
+import kvdiverge.decode as decode
 from kvdiverge.analysis.control import check_full_retention_control
 from kvdiverge.analysis.planning import cost_from_timing, read_timing
 from kvdiverge.coupling import maximal_coupling_joint
 from kvdiverge.engine import (
+    RolloutSettings,
     reference_groups,
     rollout_document,
     rollout_document_actions,
-    rollout_documents,
-    run_rollout_job,
+    rollout_documents_actions,
     run_stratum_rollout_job,
     trajectory_frame,
 )
@@ -69,7 +70,7 @@ def test_distributions_equal_plain_forward_before_and_after_divergence(demo):
     model, _, ids, eos = demo
     H, K = 24, 4
     r = rollout_document(
-        model, ids, SNAPKV_HALF, "doc-a", K, H, seed=5, eos_ids=eos, keep_logits=True
+        model, ids, SNAPKV_HALF, "doc-a", K, eos, RolloutSettings(H, 5, keep_logits=True)
     )
     kept = kept_positions(model, ids, SNAPKV_HALF)
     everything = kept_positions(model, ids, FULL)
@@ -91,12 +92,12 @@ def test_distributions_equal_plain_forward_before_and_after_divergence(demo):
 
 def test_first_step_and_full_control(demo):
     model, _, ids, eos = demo
-    r = rollout_document(model, ids, RECENT_HALF, "doc-b", 6, 16, seed=1, eos_ids=eos)
+    r = rollout_document(model, ids, RECENT_HALF, "doc-b", 6, eos, RolloutSettings(16, 1))
     assert np.all(r.tv_rollout[:, 0] == 0) and np.all(r.tv_fixed[:, 0] == 0)  # δ_1 = f_1 = 0
     assert np.all(r.x_token[:, 0] == r.y_token[:, 0])
     assert r.tv_rollout[:, 1:].max() > 0
     # the control runs its own rows over the gathered full cache: P and Q agree to rounding
-    full = rollout_document(model, ids, FULL, "doc-b", 6, 16, seed=1, eos_ids=eos)
+    full = rollout_document(model, ids, FULL, "doc-b", 6, eos, RolloutSettings(16, 1))
     assert full.tv_rollout.max() < 1e-5 and full.tv_fixed.max() < 1e-5
     assert np.array_equal(full.x_token, full.y_token)
     assert full.n_kept == full.n_prompt == len(ids)
@@ -105,13 +106,13 @@ def test_first_step_and_full_control(demo):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        exact = rollout_document(model, ids, FULL, "doc-b", 6, 16, seed=1, eos_ids=eos)
+        exact = rollout_document(model, ids, FULL, "doc-b", 6, eos, RolloutSettings(16, 1))
     finally:
         torch.set_num_threads(threads)
     assert np.all(exact.tv_rollout == 0) and np.all(exact.tv_fixed == 0)
     # the benchmarks' shortcut: Q := P, no rows of its own
     shortcut = rollout_document(
-        model, ids, FULL, "doc-b", 6, 16, seed=1, eos_ids=eos, identity_shortcut=True
+        model, ids, FULL, "doc-b", 6, eos, RolloutSettings(16, 1, identity_shortcut=True)
     )
     assert np.all(shortcut.tv_rollout == 0) and np.all(shortcut.tv_fixed == 0)
     assert shortcut.rows_per_replicate == 1
@@ -121,43 +122,43 @@ def test_first_step_and_full_control(demo):
 def test_reference_is_shared_across_actions_and_reruns_are_bit_identical(demo):
     model, _, ids, eos = demo
     runs = {
-        a["name"]: rollout_document(model, ids, a, "doc-c", 5, 20, seed=9, eos_ids=eos)
+        a["name"]: rollout_document(model, ids, a, "doc-c", 5, eos, RolloutSettings(20, 9))
         for a in (SNAPKV_HALF, RECENT_HALF, FULL)
     }
     x = runs["full"].x_token
     for r in runs.values():
         assert np.array_equal(r.x_token, x)
-    again = rollout_document(model, ids, SNAPKV_HALF, "doc-c", 5, 20, seed=9, eos_ids=eos)
+    again = rollout_document(model, ids, SNAPKV_HALF, "doc-c", 5, eos, RolloutSettings(20, 9))
     for field in ("x_token", "y_token", "tv_rollout", "tv_fixed", "x_eos", "y_eos"):
         assert np.array_equal(getattr(again, field), getattr(runs["snapkv-half"], field))
     # a different seed or document changes the reference; independent coupling decouples actions
-    other = rollout_document(model, ids, FULL, "doc-d", 5, 20, seed=9, eos_ids=eos)
+    other = rollout_document(model, ids, FULL, "doc-d", 5, eos, RolloutSettings(20, 9))
     assert not np.array_equal(other.x_token, x)
     indep = {
         a["name"]: rollout_document(
-            model, ids, a, "doc-c", 5, 20, seed=9, eos_ids=eos, coupling="independent"
+            model, ids, a, "doc-c", 5, eos, RolloutSettings(20, 9, coupling="independent")
         )
         for a in (SNAPKV_HALF, RECENT_HALF)
     }
     assert not np.array_equal(indep["snapkv-half"].x_token, indep["recent-half"].x_token)
     with pytest.raises(ValueError, match="coupling"):
-        rollout_document(model, ids, FULL, "d", 1, 4, seed=9, eos_ids=eos, coupling="shared")
+        rollout_document(model, ids, FULL, "d", 1, eos, RolloutSettings(4, 9, coupling="shared"))
 
 
 def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch):
     model, _, ids, eos = demo
-    whole = rollout_document(model, ids, SNAPKV_HALF, "doc-e", 6, 12, seed=2, eos_ids=eos)
+    whole = rollout_document(model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2))
     small = rollout_document(
-        model, ids, SNAPKV_HALF, "doc-e", 6, 12, seed=2, eos_ids=eos, max_batch_rows=6
+        model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2, max_batch_rows=6)
     )
-    subset = rollout_document(model, ids, SNAPKV_HALF, "doc-e", [4, 5], 12, seed=2, eos_ids=eos)
+    subset = rollout_document(model, ids, SNAPKV_HALF, "doc-e", [4, 5], eos, RolloutSettings(12, 2))
     assert np.array_equal(small.x_token, whole.x_token)
     assert np.array_equal(small.y_token, whole.y_token)
     # other batch sizes may take other matrix kernels (rounding), not other laws
     np.testing.assert_allclose(small.tv_rollout, whole.tv_rollout, atol=1e-5)
     assert np.array_equal(subset.y_token, whole.y_token[4:])
 
-    real_chunk = engine._rollout_chunk
+    real_chunk = decode._rollout_chunk
     sizes = []
 
     def fake_oom(*args, **kwargs):
@@ -166,8 +167,8 @@ def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real_chunk(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_rollout_chunk", fake_oom)
-    split = rollout_document(model, ids, SNAPKV_HALF, "doc-e", 6, 12, seed=2, eos_ids=eos)
+    monkeypatch.setattr(decode, "_rollout_chunk", fake_oom)
+    split = rollout_document(model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2))
     assert sizes[0] == 6 and sizes.count(6) == 1
     assert sum(size for size in sizes if size <= 2) == 6  # the chunks that ran cover K once
     assert split.batch_rows == 3 * 2  # later documents start from the size that fitted
@@ -178,9 +179,9 @@ def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch
 def test_eos_is_absorbing(demo):
     model, _, ids, _ = demo
     # Make frequent tokens "EOS" so that both sequences end inside the horizon.
-    probe = rollout_document(model, ids, FULL, "doc-f", 8, 16, seed=4, eos_ids=[0])
+    probe = rollout_document(model, ids, FULL, "doc-f", 8, [0], RolloutSettings(16, 4))
     common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
-    r = rollout_document(model, ids, RECENT_HALF, "doc-f", 8, 32, seed=4, eos_ids=common)
+    r = rollout_document(model, ids, RECENT_HALF, "doc-f", 8, common, RolloutSettings(32, 4))
     assert r.x_eos[:, -1].any() and r.y_eos[:, -1].any()
     for k in range(8):
         for tokens, ended in ((r.x_token[k], r.x_eos[k]), (r.y_token[k], r.y_eos[k])):
@@ -199,13 +200,13 @@ def test_eos_is_absorbing(demo):
 def test_several_eos_ids_are_one_outcome(demo):
     model, _, ids, _ = demo
     probe = rollout_document(
-        model, ids, FULL, "doc-f", 8, 16, seed=4, eos_ids=[0], identity_shortcut=True
+        model, ids, FULL, "doc-f", 8, [0], RolloutSettings(16, 4, identity_shortcut=True)
     )
     common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
     specs = [SNAPKV_HALF, RECENT_HALF, FULL]
     orders = [common, common[::-1], [common[2], common[0], common[3], common[1]]]
     runs = [
-        rollout_document_actions(model, ids, specs, "doc-f", 8, 32, seed=4, eos_ids=order)
+        rollout_document_actions(model, ids, specs, "doc-f", 8, order, RolloutSettings(32, 4))
         for order in orders
     ]
     fields = ("x_token", "y_token", "tv_rollout", "tv_fixed", "x_eos", "y_eos")
@@ -220,7 +221,9 @@ def test_several_eos_ids_are_one_outcome(demo):
         assert np.all(r.y_token[r.y_eos] == min(common))
         assert not np.any((r.x_token != r.y_token) & r.x_eos & r.y_eos)
     # the merged outcome is not the first id's alone: a run that knows only one id differs
-    alone = rollout_document(model, ids, RECENT_HALF, "doc-f", 8, 32, seed=4, eos_ids=common[:1])
+    alone = rollout_document(
+        model, ids, RECENT_HALF, "doc-f", 8, common[:1], RolloutSettings(32, 4)
+    )
     assert not np.array_equal(alone.x_eos, runs[0]["recent-half"].x_eos)
 
 
@@ -252,7 +255,7 @@ def test_coupling_frequencies_match_exact_law(tiny_vocab_model):
     action = {"name": "s", "selector": "snapkv", "budget": 24, "window": 16}
     n_rep = 6000
     r = rollout_document(
-        model, ids, action, "tiny", n_rep, 2, seed=3, eos_ids=[5], max_batch_rows=3 * n_rep
+        model, ids, action, "tiny", n_rep, [5], RolloutSettings(2, 3, max_batch_rows=3 * n_rep)
     )
     kept = kept_positions(model, ids, action)
     everything = kept_positions(model, ids, {"name": "f", "selector": "full"})
@@ -285,7 +288,10 @@ def test_coupling_frequencies_match_exact_law(tiny_vocab_model):
 def test_trajectory_parquet_round_trip_and_malformed_file(demo, tmp_path):
     model, tok, _, eos = demo
     docs = [("d/0", PROMPT, 3), ("d/1", PROMPT[::-1], 2)]
-    frame = rollout_documents(model, tok, docs, SNAPKV_HALF, 8, seed=1, eos_ids=eos)
+    docs = [(doc_id, prompt, {SNAPKV_HALF["name"]: k}) for doc_id, prompt, k in docs]
+    frame = rollout_documents_actions(model, tok, docs, [SNAPKV_HALF], eos, RolloutSettings(8, 1))[
+        SNAPKV_HALF["name"]
+    ]
     assert frame.height == (3 + 2) * 8
     assert frame.filter(pl.col("doc_id") == "d/1")["replicate"].unique().sort().to_list() == [0, 1]
     assert frame["t"].min() == 1 and frame["t"].max() == 8
@@ -321,7 +327,7 @@ def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
     its ≤ H generated entries."""
     model, _, ids, eos = demo
     seen = []
-    real = engine.shared_prefix_attention
+    real = attention.shared_prefix_attention
 
     def spy(module, query, key, value, attention_mask, **kwargs):
         prefix = kwargs.get("kvd_prefix")
@@ -331,12 +337,14 @@ def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
             seen.append((key.shape, groups))
         return real(module, query, key, value, attention_mask, **kwargs)
 
-    transformers.AttentionInterface.register(engine.ATTENTION_NAME, spy)
+    transformers.AttentionInterface.register(attention.ATTENTION_NAME, spy)
     try:
         pre = run_prefill(model, ids, 32)
-        rollout_document(model, ids, SNAPKV_HALF, "doc-g", 7, 6, seed=1, eos_ids=eos, prefill=pre)
+        rollout_document(
+            model, ids, SNAPKV_HALF, "doc-g", 7, eos, RolloutSettings(6, 1), prefill=pre
+        )
     finally:
-        transformers.AttentionInterface.register(engine.ATTENTION_NAME, real)
+        transformers.AttentionInterface.register(attention.ATTENTION_NAME, real)
     n, n_kv = len(ids), model.config.num_key_value_heads
     assert len(seen) == 5  # one model call per decoding step for every row
     evicted_keys = seen[0][1][1][1]
@@ -354,17 +362,22 @@ def test_attention_paths_agree(demo, monkeypatch):
     model, _, ids, eos = demo
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, s, 16, generator=gen) for s in (6, 50, 50))
-    out, lse = engine._math_attention(q, k, v, 0.25)
+    out, lse = attention._math_attention(q, k, v, 0.25)
     scores = (q @ k.transpose(-1, -2)) * 0.25
     torch.testing.assert_close(out, scores.softmax(-1) @ v, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-6, rtol=1e-6)
     fused = rollout_document(
-        model, ids, SNAPKV_HALF, "doc-h", 3, 12, seed=1, eos_ids=eos, keep_logits=True
+        model, ids, SNAPKV_HALF, "doc-h", 3, eos, RolloutSettings(12, 1, keep_logits=True)
     )
-    monkeypatch.setattr(engine, "_FUSED_ENABLED", [False])
-    monkeypatch.setattr(engine, "_MAX_SCORES", 4096)  # also exercise the query chunking
+    monkeypatch.setattr(attention, "_MAX_SCORES", 4096)  # also exercise the query chunking
     plain = rollout_document(
-        model, ids, SNAPKV_HALF, "doc-h", 3, 12, seed=1, eos_ids=eos, keep_logits=True
+        model,
+        ids,
+        SNAPKV_HALF,
+        "doc-h",
+        3,
+        eos,
+        RolloutSettings(12, 1, keep_logits=True, fused_attention=False),
     )
     assert np.array_equal(fused.x_token, plain.x_token)  # same histories, so laws comparable
     assert np.array_equal(fused.y_token, plain.y_token)
@@ -380,33 +393,33 @@ def test_fused_attention_kernel_is_validated_before_use(monkeypatch, caplog):
     candidate or the plain path; a kernel failing at run time falls back to the plain path."""
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(4, 2, s, 16, generator=gen) for s in (3, 40, 40))
-    plain = engine._math_attention(q, k, v, 0.25)
-    monkeypatch.setattr(engine, "_FUSED", {})
-    assert engine._fused_kernel(q) is engine._cpu_flash  # this torch build has it
-    for got, want in zip(engine._attention_with_lse(q, k, v, 0.25), plain, strict=True):
+    plain = attention._math_attention(q, k, v, 0.25)
+    monkeypatch.setattr(attention, "_FUSED", {})
+    assert attention._fused_kernel(q) is attention._cpu_flash  # this torch build has it
+    for got, want in zip(attention._attention_with_lse(q, k, v, 0.25), plain, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
     def missing(q, k, v, scale):
         raise NotImplementedError("no such kernel here")
 
     def base_two(q, k, v, scale):  # right output, log-sum-exp in another base
-        out, lse = engine._math_attention(q, k, v, scale)
+        out, lse = attention._math_attention(q, k, v, scale)
         return out, lse / np.log(2.0)
 
     def good(q, k, v, scale):
         if q.shape[0] == 4:  # fails at run time on the real problem's shape
             raise RuntimeError("unsupported stride")
-        return engine._math_attention(q, k, v, scale)
+        return attention._math_attention(q, k, v, scale)
 
     for candidates, chosen in (((missing, base_two), None), ((missing, base_two, good), good)):
-        monkeypatch.setattr(engine, "_FUSED", {})
-        monkeypatch.setattr(engine, "_FUSED_CANDIDATES", {"cpu": candidates})
-        assert engine._fused_kernel(q) is chosen
-    with caplog.at_level("WARNING", logger="kvdiverge.engine"):
-        out, lse = engine._attention_with_lse(q, k, v, 0.25)
+        monkeypatch.setattr(attention, "_FUSED", {})
+        monkeypatch.setattr(attention, "_FUSED_CANDIDATES", {"cpu": candidates})
+        assert attention._fused_kernel(q) is chosen
+    with caplog.at_level("WARNING", logger="kvdiverge.attention"):
+        out, lse = attention._attention_with_lse(q, k, v, 0.25)
     assert "fused attention" in caplog.text and "using the plain path" in caplog.text
     assert torch.equal(out, plain[0]) and torch.equal(lse, plain[1])
-    assert engine._fused_kernel(q) is None  # not tried again in this process
+    assert attention._fused_kernel(q) is None  # not tried again in this process
 
 
 def test_documents_selection_and_errors(tmp_path):
@@ -448,13 +461,15 @@ def test_multi_action_job_files_equal_single_action_jobs(demo_path, tmp_path, co
     §3.2, §4): the same rows and tokens, δ and f equal to float rounding (the model calls'
     batches differ); a rerun of the job reproduces its files bit for bit."""
     model = {"name": "demo", "path": str(demo_path)}
-    settings = {"H": 8, "seed": 7, "coupling": coupling, "device": "cpu"}
+    settings = {"settings": RolloutSettings(8, 7, coupling=coupling), "device": "cpu"}
     multi = {name: tmp_path / "multi" / f"{name}.parquet" for name in STUDY_ACTIONS}
     run_stratum_rollout_job(FIXTURE, multi, model, STUDY_ACTIONS, STUDY_COHORTS, **settings)
     frames = {}
     for name, action in STUDY_ACTIONS.items():
         alone = tmp_path / "single" / f"{name}.parquet"
-        run_rollout_job(FIXTURE, alone, model, action, STUDY_COHORTS[name], **settings)
+        run_stratum_rollout_job(
+            FIXTURE, {name: alone}, model, {name: action}, {name: STUDY_COHORTS[name]}, **settings
+        )
         frames[name] = read_trajectories(multi[name])
         single = read_trajectories(alone)
         laws = ["tv_rollout", "tv_fixed"]
@@ -494,13 +509,13 @@ def test_multi_action_job_files_equal_single_action_jobs(demo_path, tmp_path, co
 def call_rows(monkeypatch) -> list[int]:
     """The batch rows of every decoding model call the engine makes, in order."""
     rows: list[int] = []
-    real = engine._decode_step
+    real = decode._decode_step
 
     def spy(model, tokens, position, cache, shared):
         rows.append(tokens.shape[0])
         return real(model, tokens, position, cache, shared)
 
-    monkeypatch.setattr(engine, "_decode_step", spy)
+    monkeypatch.setattr(decode, "_decode_step", spy)
     return rows
 
 
@@ -520,7 +535,7 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows
     assert len({salt for salt, _, _ in independent}) == 3
 
     counts = {name: len(r) for name, r in reps.items()}
-    out = rollout_document_actions(model, ids, specs, "doc-m", counts, 12, seed=3, eos_ids=eos)
+    out = rollout_document_actions(model, ids, specs, "doc-m", counts, eos, RolloutSettings(12, 3))
 
     def z_rows(r) -> np.ndarray:  # per decoding step: the Z rows of the split replicates
         return np.logical_or.accumulate(r.x_token != r.y_token, axis=1)[:, :11].sum(axis=0)
@@ -531,7 +546,7 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows
     # control's X and its own Y rows (over the gathered full cache; no split, so no Z rows)
     assert np.array_equal(out["full"].x_token, out["full"].y_token)
     assert call_rows == (4 + 4 + 4 + z).tolist() + [2 + 2] * 11
-    alone = rollout_document(model, ids, specs[0], "doc-m", 4, 12, seed=3, eos_ids=eos)
+    alone = rollout_document(model, ids, specs[0], "doc-m", 4, eos, RolloutSettings(12, 3))
     for field in ("x_token", "y_token", "x_eos", "y_eos"):
         assert np.array_equal(getattr(out["snapkv-half"], field), getattr(alone, field))
     for field in ("tv_rollout", "tv_fixed"):  # another batch: equal to rounding
@@ -540,7 +555,9 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows
         )
     assert np.array_equal(out["full"].x_token, out["snapkv-half"].x_token[:2])
     with pytest.raises(ValueError, match="no replicate count for action.s. recent-half, full"):
-        rollout_document_actions(model, ids, specs, "d", {"snapkv-half": 1}, 4, 1, eos)
+        rollout_document_actions(
+            model, ids, specs, "d", {"snapkv-half": 1}, eos, RolloutSettings(4, 1)
+        )
 
 
 def test_rollout_job_records_measured_timing_in_metadata(demo_path, tmp_path):
@@ -551,7 +568,7 @@ def test_rollout_job_records_measured_timing_in_metadata(demo_path, tmp_path):
     cohorts = {name: STUDY_COHORTS[name] for name in actions}
     out = {name: tmp_path / f"{name}.parquet" for name in actions}
     frames = run_stratum_rollout_job(
-        FIXTURE, out, model, actions, cohorts, H=4, seed=3, device="cpu"
+        FIXTURE, out, model, actions, cohorts, RolloutSettings(4, 3), device="cpu"
     )
     timings = {name: read_trajectory_metadata(path)["timing"] for name, path in out.items()}
     for name, timing in timings.items():
@@ -572,12 +589,16 @@ def test_ended_rows_leave_the_batch(demo, call_rows):
     changing the rollouts: the same tokens and EOS flags as a run that keeps every row
     (``keep_logits``), δ and f equal to float rounding."""
     model, _, ids, _ = demo
-    probe = rollout_document(model, ids, FULL, "doc-e", 8, 16, seed=4, eos_ids=[0])
+    probe = rollout_document(model, ids, FULL, "doc-e", 8, [0], RolloutSettings(16, 4))
     common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
     call_rows.clear()  # (the probe's calls)
     specs = [parse_action(RECENT_HALF), parse_action(SNAPKV_HALF)]
-    dropping = rollout_document_actions(model, ids, specs, "doc-e", 8, 32, 4, common)
-    kept = rollout_document_actions(model, ids, specs, "doc-e", 8, 32, 4, common, keep_logits=True)
+    dropping = rollout_document_actions(
+        model, ids, specs, "doc-e", 8, common, RolloutSettings(32, 4)
+    )
+    kept = rollout_document_actions(
+        model, ids, specs, "doc-e", 8, common, RolloutSettings(32, 4, keep_logits=True)
+    )
     for name in ("recent-half", "snapkv-half"):
         a, b = dropping[name], kept[name]
         assert a.x_eos[:, -1].any() and a.y_eos[:, -1].any()

@@ -1,7 +1,8 @@
 """The paper configuration and the SLURM profile, resolved by dry runs (issue 6).
 
 configs/paper.yaml differs from config.yaml only in values; its models are replaced here by
-stand-in local paths (nothing is downloaded: a dry run loads no model).
+stand-in local folders (nothing is downloaded: a dry run loads no model; the folders pass the
+parse-time model checks, tests/workflow_helpers.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ import re
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, planned_jobs, run_snakemake, workflow_copy
+from workflow_helpers import (
+    ROOT,
+    planned_jobs,
+    run_snakemake,
+    workflow_copy,
+    write_stand_in_model,
+)
 
 PAPER = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
 
@@ -18,8 +25,7 @@ PAPER = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
 def _stand_in_models(tmp_path):
     models = {}
     for name, spec in PAPER["models"].items():
-        folder = tmp_path / "stand-in" / name
-        folder.mkdir(parents=True)
+        folder = write_stand_in_model(tmp_path / "stand-in" / name)
         models[name] = {**spec, "path": str(folder)}
     override = tmp_path / "stand-in.yaml"
     override.write_text(yaml.safe_dump({"models": models}))

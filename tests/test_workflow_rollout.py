@@ -139,7 +139,7 @@ def test_several_eos_ids_through_the_pipeline_are_one_outcome(tmp_path):
     import numpy as np
 
     from kvdiverge.analysis.document_stats import document_stats
-    from kvdiverge.engine import rollout_document
+    from kvdiverge.engine import RolloutSettings, rollout_document
     from kvdiverge.models import chat_prompt_ids, load_model, load_tokenizer
 
     work = _workdir(tmp_path)
@@ -147,9 +147,14 @@ def test_several_eos_ids_through_the_pipeline_are_one_outcome(tmp_path):
     tokenizer, model = load_tokenizer(str(demo)), load_model(str(demo))
     prompt = pl.read_parquet(FIXTURE)["prompt"][0]
     probe = rollout_document(
-        model, chat_prompt_ids(tokenizer, prompt), {"name": "full", "selector": "full"},
-        "probe", 8, 10, seed=1, eos_ids=[tokenizer.eos_token_id], identity_shortcut=True,
-    )  # fmt: skip
+        model,
+        chat_prompt_ids(tokenizer, prompt),
+        {"name": "full", "selector": "full"},
+        "probe",
+        8,
+        [tokenizer.eos_token_id],
+        RolloutSettings(10, 1, identity_shortcut=True),
+    )  # the frequent tokens of the full cache
     frequent = int(np.bincount(probe.x_token[:, 1:].ravel()).argmax())
     assert frequent != tokenizer.eos_token_id
     models = {}

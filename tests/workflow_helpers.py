@@ -52,6 +52,21 @@ def workflow_copy(tmp_path: Path, package: bool = False, config: str = "tiny") -
     return work
 
 
+def write_stand_in_model(folder: Path, positions: int = 131072) -> Path:
+    """A folder that passes the parse-time model checks (kvdiverge.preflight) without weights
+    worth loading: config.json with a context window of ``positions``, an empty but whole
+    safetensors file, a tokenizer config with a chat template. For dry runs only."""
+    import json
+    import struct
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": positions}))
+    header = json.dumps({"__metadata__": {"format": "pt"}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    return folder
+
+
 def package_env(work: Path) -> dict[str, str]:
     """Environment importing ``kvdiverge`` from the copy of ``workflow_copy(package=True)``."""
     path = [str(work / "pkg"), os.environ.get("PYTHONPATH", "")]

@@ -1,7 +1,20 @@
-"""Configuration: JSON-schema validation with defaults, one clear line per error.
+"""Configuration: strict reading, JSON-schema validation with defaults, cross-references.
 
 Snakemake's own ``validate`` prints the whole schema on failure; a user editing ``config.yaml``
-needs the field and what was expected, before any work starts.
+needs the field and what was expected, before any work starts. Everything here runs once at
+parse time (``workflow/rules/common.smk``) and raises :class:`ConfigError` with one line:
+
+* :func:`load_yaml_strict`: every YAML file the run reads (config files, the schema) is read
+  strictly: a duplicate key, a YAML 1.1 boolean spelled ``yes``/``no``/``on``/``off`` and an
+  integer in a YAML 1.1 form (``010``, ``1:30``) are errors, never silent coercions;
+* :func:`validate_config`: kinds and ranges of every value (an integer field takes no ``4.0``
+  and no ``true``), schema defaults filled in;
+* :func:`check_references`: every name that points at something else (actions, models, the
+  studies' cohorts and controls, contrasts, prediction pairs, figure contrasts, family
+  estimands, the length tokenizer) and every combination that would fail later (the analysis
+  clock against ``rollout.H``, the generation reserve against H, the actions' budgets against
+  the strata's prompt lengths, the development documents prediction and planning need);
+* :func:`check_config`: all of the above, in that order.
 """
 
 from __future__ import annotations
@@ -10,7 +23,8 @@ import copy
 import hashlib
 import importlib.util
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +33,107 @@ import yaml
 
 __all__ = [
     "ConfigError",
+    "check_config",
     "check_generation_reserve",
+    "check_references",
     "load_schema",
+    "load_yaml_strict",
     "module_fingerprint",
     "validate_config",
 ]
 
 
 class ConfigError(ValueError):
-    """The configuration does not satisfy the schema; the message is one line."""
+    """The configuration is unusable; the message is one line naming the field or file."""
+
+
+# ---- strict YAML --------------------------------------------------------------------------------
+_PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9_]*|0x[0-9a-fA-F_]+)")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and YAML 1.1's surprising implicit scalars."""
+
+
+def _where(loader_name: str, node: yaml.Node) -> str:
+    return f"{loader_name} line {node.start_mark.line + 1}"
+
+
+def _strict_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *anchor` entries may be overridden by the mapping's own keys
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise ConfigError(
+                f"{_where(loader.name, key_node)}: duplicate key {key!r} (first at line "
+                f"{seen[key].start_mark.line + 1}); a YAML mapping takes each key once"
+            )
+        seen[key] = key_node
+    return loader.construct_mapping(node, deep=True)
+
+
+def _strict_bool(loader: _StrictLoader, node: yaml.ScalarNode) -> bool:
+    if node.value.lower() not in ("true", "false"):
+        raise ConfigError(
+            f"{_where(loader.name, node)}: {node.value!r} is read as a boolean by YAML 1.1; "
+            "write true or false, or quote it for a string"
+        )
+    return node.value.lower() == "true"
+
+
+def _strict_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    value = yaml.SafeLoader.construct_yaml_int(loader, node)
+    if not _PLAIN_INT.fullmatch(node.value):
+        raise ConfigError(
+            f"{_where(loader.name, node)}: {node.value!r} is read as the integer {value} by "
+            "YAML 1.1; write a plain decimal, or quote it for a string"
+        )
+    return value
+
+
+def _construct_map(loader: _StrictLoader, node: yaml.MappingNode):
+    data: dict[Any, Any] = {}
+    yield data
+    data.update(_strict_mapping(loader, node))
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+_StrictLoader.add_constructor("tag:yaml.org,2002:bool", _strict_bool)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _strict_int)
+
+
+def load_yaml_strict(path: str | os.PathLike) -> Any:
+    """Read a YAML (or JSON) file strictly; :class:`ConfigError` naming the file and line.
+
+    Refused: duplicate keys in a mapping, booleans other than ``true``/``false`` (YAML 1.1 reads
+    ``yes``, ``no``, ``on``, ``off`` as booleans), integers other than plain decimals or ``0x``
+    hex (YAML 1.1 reads ``010`` as 8 and ``1:30`` as 90), and text that is not YAML.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            loader = _StrictLoader(fh)
+            loader.name = str(path)
+            try:
+                return loader.get_single_data()
+            finally:
+                loader.dispose()
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: file not found") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}{line}: not valid YAML ({problem})") from exc
 
 
 def load_schema(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a JSON schema written in YAML."""
-    with open(path) as fh:
-        return yaml.safe_load(fh)
+    """Read a JSON schema written in YAML (strictly, :func:`load_yaml_strict`)."""
+    return load_yaml_strict(path)
 
 
+# ---- schema validation --------------------------------------------------------------------------
 def _extend_with_default(validator_class: type) -> type:
     validate_properties = validator_class.VALIDATORS["properties"]
 
@@ -46,7 +144,13 @@ def _extend_with_default(validator_class: type) -> type:
                     instance[name] = copy.deepcopy(sub["default"])
         yield from validate_properties(validator, properties, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+    # strict kinds: an integer field takes neither 4.0 nor true (no silent coercion)
+    checker = validator_class.TYPE_CHECKER.redefine(
+        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool)
+    )
+    return jsonschema.validators.extend(
+        validator_class, {"properties": set_defaults}, type_checker=checker
+    )
 
 
 _DefaultFillingValidator = _extend_with_default(jsonschema.Draft202012Validator)
@@ -105,7 +209,7 @@ def validate_config(config: dict[str, Any], schema: Mapping[str, Any] | str | os
 
 def check_generation_reserve(config: Mapping[str, Any]) -> None:
     """Every prompt must leave room for the horizon: ``datasets.generation_reserve`` ≥
-    ``rollout.H`` (SPEC §5; RULER's budget rule n + tokens_to_generate ≤ target length).
+    ``rollout.H`` (RULER's budget rule n + tokens_to_generate ≤ target length).
 
     Raises :class:`ConfigError` in one line otherwise. A larger reserve is allowed (shorter
     prompts than the stratum's length would admit).
@@ -119,11 +223,282 @@ def check_generation_reserve(config: Mapping[str, Any]) -> None:
         )
 
 
+# ---- cross-references ---------------------------------------------------------------------------
+def _names(items: Iterable[str]) -> str:
+    return ", ".join(items) or "none configured"
+
+
+def _check_models(config: Mapping[str, Any]) -> None:
+    """Each model has exactly one of ``path``, ``demo``, ``source``; a built one has no other
+    path than data/models/<name>."""
+    for name, spec in config.get("models", {}).items():
+        where = f"config.models.{name}"
+        if spec.get("demo") and spec.get("source"):
+            raise ConfigError(f"{where}: expected `demo` or `source`, not both")
+        if spec.get("demo") or spec.get("source"):
+            path = f"data/models/{name}"
+            if spec.get("path", path) != path:
+                kind = "a demo model is built" if spec.get("demo") else "a sourced model is written"
+                raise ConfigError(f"{where}.path: {kind} into {path}, got {spec['path']!r}")
+        elif not spec.get("path"):
+            raise ConfigError(f"{where}: expected `path` (directory or hub id), `demo` or `source`")
+        if spec.get("train") is not None and not spec.get("demo"):
+            raise ConfigError(f"{where}.train: only a `demo` model is trained; remove `train`")
+
+
+def _parse_actions(config: Mapping[str, Any]) -> dict[str, Any]:
+    from kvdiverge.eviction import ActionError, parse_action
+
+    out = {}
+    for name, spec in config.get("actions", {}).items():
+        try:
+            out[name] = parse_action(spec, name=name)
+        except ActionError as exc:
+            raise ConfigError(f"config.{exc}".replace("\n", " ")) from exc
+    return out
+
+
+def _study_cohort(study: str, spec: Mapping[str, Any]) -> str:
+    return spec.get("cohort", study)
+
+
+def _check_studies(config: Mapping[str, Any], actions: Mapping[str, Any]) -> None:
+    cohorts = config.get("datasets", {}).get("cohorts", {})
+    for study, spec in config.get("studies", {}).items():
+        where = f"config.studies.{study}"
+        for name in spec["actions"]:
+            if name not in actions:
+                raise ConfigError(
+                    f"{where}.actions: {name!r} is not in config.actions ({_names(actions)})"
+                )
+        control = spec.get("control", "full")
+        if control not in actions:
+            raise ConfigError(
+                f"{where}.control: {control!r} is not in config.actions ({_names(actions)})"
+            )
+        if control not in spec["actions"]:
+            raise ConfigError(
+                f"{where}.control: {control!r} is not one of the study's actions "
+                f"({_names(spec['actions'])})"
+            )
+        if actions[control].selector != "full":
+            raise ConfigError(
+                f"{where}.control: {control!r} uses selector {actions[control].selector!r}; the "
+                "control must keep every entry (selector full)"
+            )
+        if not [a for a in spec["actions"] if a != control]:
+            raise ConfigError(
+                f"{where}.actions: expected at least one action besides the control {control!r}"
+            )
+        cohort = _study_cohort(study, spec)
+        field = f"{where}.cohort" if "cohort" in spec else f"{where} (its cohort is its name)"
+        if cohort == "dev":
+            raise ConfigError(
+                f"{field}: 'dev' is the development cohort every study runs; expected an "
+                f"evaluation cohort ({', '.join(c for c in cohorts if c != 'dev')})"
+            )
+        if cohort not in cohorts:
+            raise ConfigError(
+                f"{field}: no cohort {cohort!r} in config.datasets.cohorts "
+                f"({_names(c for c in cohorts if c != 'dev')}); set {where}.cohort"
+            )
+        if cohorts[cohort] < 1:
+            raise ConfigError(
+                f"config.datasets.cohorts.{cohort}: 0 documents per stratum, but study "
+                f"{study!r} evaluates on cohort {cohort!r}; expected an integer >= 1"
+            )
+        if cohorts.get("dev", 0) < 1:
+            raise ConfigError(
+                f"config.datasets.cohorts.dev: 0 documents per stratum, but study {study!r} "
+                "plans its sample sizes from development documents; expected an integer >= 1"
+            )
+
+
+def _compared(config: Mapping[str, Any], study: str) -> list[str]:
+    spec = config["studies"][study]
+    return [a for a in spec["actions"] if a != spec.get("control", "full")]
+
+
+def _check_pair(config: Mapping[str, Any], where: str, study: str, pair: Any) -> None:
+    compared = _compared(config, study)
+    if len(pair) != 2 or pair[0] == pair[1] or any(a not in compared for a in pair):
+        raise ConfigError(
+            f"{where}: expected [b, a], two different non-control actions of the study "
+            f"({', '.join(compared)}), got {list(pair)}"
+        )
+
+
+def study_contrasts(config: Mapping[str, Any], study: str) -> list[list[str]]:
+    """The study's contrasts [b, a] (analysis.contrasts, else every pair of non-control
+    actions, earlier minus later)."""
+    compared = _compared(config, study)
+    pairs = [[b, a] for i, b in enumerate(compared) for a in compared[i + 1 :]]
+    given = config.get("analysis", {}).get("contrasts", {}).get(study)
+    return [list(p) for p in (given or pairs)]
+
+
+def _check_analysis_references(config: Mapping[str, Any]) -> None:
+    studies = config.get("studies", {})
+    analysis = config.get("analysis", {})
+    for section, field in (
+        (analysis.get("contrasts", {}), "config.analysis.contrasts"),
+        (analysis.get("prediction", {}).get("pairs", {}), "config.analysis.prediction.pairs"),
+        (config.get("figures", {}).get("main_contrast", {}), "config.figures.main_contrast"),
+    ):
+        for study in section:
+            if study not in studies:
+                raise ConfigError(f"{field}: no study named {study!r} ({_names(studies)})")
+    for study, pairs in analysis.get("contrasts", {}).items():
+        for i, pair in enumerate(pairs):
+            _check_pair(config, f"config.analysis.contrasts.{study}[{i}]", study, pair)
+    dev = config.get("datasets", {}).get("cohorts", {}).get("dev", 0)
+    n_strata = len(config.get("datasets", {}).get("strata", []))
+    for study, pair in analysis.get("prediction", {}).get("pairs", {}).items():
+        if not pair:
+            continue
+        _check_pair(config, f"config.analysis.prediction.pairs.{study}", study, pair)
+        if dev * n_strata < 2:
+            raise ConfigError(
+                f"config.datasets.cohorts.dev: prediction (config.analysis.prediction.pairs."
+                f"{study}) cross-validates on at least 2 development documents, got "
+                f"{dev * n_strata} ({dev} per stratum x {n_strata} strata)"
+            )
+    for study, pair in config.get("figures", {}).get("main_contrast", {}).items():
+        if list(pair) not in study_contrasts(config, study):
+            raise ConfigError(
+                f"config.figures.main_contrast.{study}: expected one of the study's contrasts "
+                f"{study_contrasts(config, study)} (config.analysis.contrasts), got {list(pair)}"
+            )
+
+
+_CLOCK_FIELDS = {
+    "branch_depth": "branch_depth",
+    "window": "window",
+    "prefix": "prefix",
+    "agreement_run": "agreement_run",
+    "blocks": "block_edges",
+}
+
+
+def _check_clock(config: Mapping[str, Any]) -> Any:
+    """The analysis clock at ``rollout.H`` (every step count in range); returns it."""
+    from kvdiverge.analysis.document_stats import AnalysisInputError, Clock
+
+    horizon = config.get("rollout", {}).get("H", 128)
+    settings = dict(config.get("analysis", {}).get("clock", {}))
+    try:
+        return Clock.for_horizon(horizon, **settings)
+    except AnalysisInputError as exc:
+        text = str(exc).removeprefix("clock: ")
+        name = text.split()[0]
+        field = (
+            f"config.analysis.clock.{_CLOCK_FIELDS[name]}"
+            if name in _CLOCK_FIELDS
+            else "config.rollout.H"
+        )
+        raise ConfigError(f"{field}: at rollout.H = {horizon}, {text}") from exc
+
+
+def _check_family_estimands(config: Mapping[str, Any], clock: Any) -> None:
+    import numpy as np
+
+    from kvdiverge.analysis.estimands import action_estimands
+
+    class _Zeros(dict):
+        def __missing__(self, key: str) -> np.ndarray:
+            return np.zeros(1)
+
+    known = action_estimands(_Zeros(), clock, 1)
+    for name in config.get("analysis", {}).get("family_estimands", []):
+        if name not in known:
+            examples = ", ".join(k for k in known if "@" not in k)
+            raise ConfigError(
+                f"config.analysis.family_estimands: {name!r} is not a per-action estimand "
+                f"(e.g. {examples})"
+            )
+
+
+def _check_length_tokenizer(config: Mapping[str, Any]) -> None:
+    if not config.get("studies"):
+        return  # no documents are built
+    name = config.get("datasets", {}).get("length_tokenizer")
+    models = config.get("models", {})
+    if name not in models:
+        raise ConfigError(
+            f"config.datasets.length_tokenizer: expected the name of a configured model "
+            f"({_names(models)}), got {name!r}"
+        )
+
+
+def _check_budgets(config: Mapping[str, Any], actions: Mapping[str, Any]) -> None:
+    """Every action a study runs, at every stratum's longest prompt (target_tokens −
+    generation_reserve under the length tokenizer): it evicts something, keeps at least one
+    entry, and leaves room for what its selector always keeps (window, sinks)."""
+    from kvdiverge.eviction import SELECTORS, ActionError
+
+    datasets = config.get("datasets", {})
+    reserve = datasets.get("generation_reserve", 128)
+    used = dict.fromkeys(a for s in config.get("studies", {}).values() for a in s["actions"])
+    for name in used:
+        action = actions[name]
+        if action.selector == "full":
+            continue
+        for stratum in datasets.get("strata", []):
+            label = f"{stratum['env']}-{stratum['label']}"
+            n = stratum["target_tokens"] - reserve
+            where = (
+                f"config.actions.{name}: in stratum {label} (prompts of at most {n} tokens: "
+                f"target_tokens {stratum['target_tokens']} - generation_reserve {reserve})"
+            )
+            if n < 1:
+                continue  # DatasetsConfig names the stratum
+            try:
+                keep = action.n_keep(n)
+                if keep >= n:
+                    raise ConfigError(
+                        f"{where}: budget {action.budget!r} keeps every entry, so the action "
+                        "equals full retention there; lower the budget or lengthen the stratum"
+                    )
+                SELECTORS[action.selector].check(action, n, keep)
+            except ActionError as exc:
+                message = str(exc).split(": ", 1)[-1]
+                raise ConfigError(f"{where}: {message}") from exc
+
+
+def check_references(config: Mapping[str, Any]) -> None:
+    """Resolve every cross-reference of a validated config; :class:`ConfigError` in one line
+    naming the field (module docstring lists the checks)."""
+    check_generation_reserve(config)
+    _check_models(config)
+    actions = _parse_actions(config)
+    _check_studies(config, actions)
+    _check_analysis_references(config)
+    _check_length_tokenizer(config)
+    clock = _check_clock(config)
+    _check_family_estimands(config, clock)
+    _check_budgets(config, actions)
+
+
+def check_config(
+    config: dict[str, Any],
+    schema: Mapping[str, Any] | str | os.PathLike,
+    files: Iterable[str | os.PathLike] = (),
+) -> None:
+    """Every parse-time check of the run's configuration, in order: the YAML ``files`` it was
+    read from, read strictly (:func:`load_yaml_strict`); the values against ``schema``
+    (:func:`validate_config`, which fills defaults in place); the cross-references
+    (:func:`check_references`). Raises :class:`ConfigError` in one line."""
+    for path in files:
+        load_yaml_strict(path)
+    validate_config(config, schema)
+    check_references(config)
+
+
 def module_fingerprint(*modules: str) -> str:
     """SHA-256 (first 16 hex digits) of the source of the named modules, without importing them.
 
     A rule passes this as a ``params:`` entry so that editing a package module it uses reruns
-    exactly its jobs (Snakemake does not track imported modules itself; DESIGN §5).
+    exactly its jobs (Snakemake does not track imported modules itself).
     A package name covers every ``.py`` file below it.
     """
     digest = hashlib.sha256()

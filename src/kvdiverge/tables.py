@@ -178,6 +178,12 @@ def _models_in(table: pl.DataFrame) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 _PERCENT, _PP, _STEPS, _COUNT, _TEXT = "percent", "pp", "steps", "count", "text"
+HIDDEN = "—"
+"""The cell of a share whose ΔR_SMC interval covers 0 (the share is unbounded there)."""
+SHARE_NOTE = (
+    "— : share not shown, as the interval of ΔR_SMC covers 0 and the share is unbounded there "
+    "(the CSV keeps its value and interval)."
+)
 
 
 @dataclass(frozen=True)
@@ -190,10 +196,45 @@ class Measure:
 
 
 @dataclass(frozen=True)
+class Column:
+    """A rendered column: its label, display unit and interval level (``95% CI``; ``""`` for
+    none or where the level is given per row)."""
+
+    label: str
+    unit: str = _TEXT
+    level: str = ""
+
+    @property
+    def title(self) -> str:
+        """The label with its unit: ``R_SMC, %``."""
+        return f"{self.label}{_unit_suffix(self.unit)}"
+
+    @property
+    def header(self) -> str:
+        """The one-line header of the Markdown rendering: ``R_SMC, % [95% CI]``."""
+        return self.title + (f" [{self.level}]" if self.level else "")
+
+
+class Cell(str):
+    """A rendered cell: the string ``value [lo, hi]`` that also keeps its two parts, so that a
+    rendering can set the interval on a line of its own."""
+
+    value: str
+    interval: str
+
+    def __new__(cls, value: str, interval: str = "") -> Cell:
+        cell = super().__new__(cls, f"{value} {interval}" if interval else value)
+        cell.value, cell.interval = value, interval
+        return cell
+
+
+@dataclass(frozen=True)
 class StudyTable:
     """A study table: ``data`` (the CSV, fractions) and its rendering (``header``, ``rows``).
 
-    ``group_columns`` leading columns repeat a value only on its first row when rendered.
+    ``group_columns`` leading columns repeat a value only on its first row when rendered;
+    ``columns`` describe every rendered column (label, unit, level); ``notes`` are printed
+    under the table.
     """
 
     name: str
@@ -202,30 +243,71 @@ class StudyTable:
     header: list[str]
     rows: list[list[str]]
     group_columns: int = 1
+    columns: tuple[Column, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def key_columns(self) -> int:
+        """The leading text columns (group columns and the row label)."""
+        return self.group_columns + 1
+
+    def described_columns(self) -> tuple[Column, ...]:
+        """``columns``, or text columns named by ``header`` when none were given."""
+        if self.columns:
+            return self.columns
+        return tuple(Column(h) for h in self.header)
 
 
 def _is_missing(x: float | None) -> bool:
     return x is None or not math.isfinite(x)
 
 
+def _scale(unit: str) -> float:
+    return 100.0 if unit in (_PERCENT, _PP) else 1.0
+
+
+def decimals_for(half_widths: Sequence[float | None], unit: str, default: int = 1) -> int:
+    """Decimals that match the intervals: two significant digits of the median half-width in
+    the display unit (a half-width of 3.2 points shows one decimal, of 12 none, of 0.4 two),
+    between 0 and 3; ``default`` when no interval has a width."""
+    shown = [abs(h) * _scale(unit) for h in half_widths if not _is_missing(h) and h != 0]
+    if not shown:
+        return default
+    middle = float(np.median(shown))
+    return min(3, max(0, 1 - math.floor(math.log10(middle))))
+
+
+def _half_width(lo: float | None, hi: float | None) -> float | None:
+    return None if _is_missing(lo) or _is_missing(hi) else (hi - lo) / 2
+
+
 def format_value(x: float | None, unit: str, digits: int = 2) -> str:
-    """A value for display (SPEC §5 estimands are fractions): ×100 for percent or percentage
-    points, steps as they are, counts as integers; missing or non-finite → ``NA``."""
+    """A value for display (the estimands are fractions): ×100 for percent or percentage points,
+    steps as they are, counts as integers; missing or non-finite → ``NA``. A value that rounds
+    to zero shows no sign (never ``-0.0``)."""
     if _is_missing(x):
         return "NA"
-    if unit in (_PERCENT, _PP):
-        return f"{100 * x:.{digits}f}"
     if unit == _COUNT:
         return f"{int(round(x)):,}"
-    return f"{x:.{digits}f}"
+    text = f"{_scale(unit) * x:.{digits}f}"
+    return text.lstrip("-") if float(text) == 0 else text
 
 
-def format_interval(x: float | None, lo: float | None, hi: float | None, unit: str) -> str:
-    """``value [lo, hi]``, a SPEC §5 bootstrap percentile interval, in the display unit (no
-    interval part when both ends are missing)."""
+def format_interval(
+    x: float | None, lo: float | None, hi: float | None, unit: str, digits: int = 2
+) -> str:
+    """``value [lo, hi]``, a bootstrap percentile interval, in the display unit (no interval
+    part when both ends are missing)."""
+    return str(_interval_cell(x, lo, hi, unit, digits))
+
+
+def _interval_cell(
+    x: float | None, lo: float | None, hi: float | None, unit: str, digits: int
+) -> Cell:
+    value = format_value(x, unit, digits)
     if _is_missing(lo) and _is_missing(hi):
-        return format_value(x, unit)
-    return f"{format_value(x, unit)} [{format_value(lo, unit)}, {format_value(hi, unit)}]"
+        return Cell(value)
+    return Cell(value, f"[{format_value(lo, unit, digits)}, {format_value(hi, unit, digits)}]")
 
 
 def _level_text(levels: Sequence[float]) -> str:
@@ -238,6 +320,11 @@ def _level_text(levels: Sequence[float]) -> str:
 
 def _unit_suffix(unit: str) -> str:
     return {_PERCENT: ", %", _PP: ", pp", _STEPS: ", steps"}.get(unit, "")
+
+
+def _covers_zero(lo: float | None, hi: float | None) -> bool:
+    """Whether an interval covers 0 (a missing end counts as covering)."""
+    return _is_missing(lo) or _is_missing(hi) or lo <= 0.0 <= hi
 
 
 def _pick(
@@ -282,27 +369,48 @@ def _measure_table(
     keys: Sequence[tuple[str, str]],
     records: Sequence[dict],
     measures: Sequence[Measure],
+    shares: Sequence[str] = (),
 ) -> StudyTable:
-    """Wide CSV (keys, then value/low/high/level per measure) and its rendering."""
-    data = pl.DataFrame(list(records), infer_schema_length=None)
-    header = [label for _, label in keys]
+    """Wide CSV (keys, then value/low/high/level per measure) and its rendering.
+
+    Each measure's decimals follow its intervals (:func:`decimals_for`). ``shares`` name the
+    measures that divide by ΔR_SMC (estimand ``R_smc`` of the same record): where that
+    interval covers 0 they render as :data:`HIDDEN`, the CSV column ``share_shown`` says so and
+    a note explains it.
+    """
+    records = [dict(r) for r in records]
+    if shares:
+        for rec in records:
+            rec["share_shown"] = not _covers_zero(rec["R_smc_low"], rec["R_smc_high"])
+    data = pl.DataFrame(records, infer_schema_length=None)
+    columns = [Column(label) for _, label in keys]
+    digits: dict[str, int] = {}
     for m in measures:
         if m.unit == _COUNT:
-            header.append(m.label)
+            columns.append(Column(m.label, _COUNT))
             continue
-        level = _level_text(data[f"{m.estimand}_level"].to_list())
-        header.append(f"{m.label}{_unit_suffix(m.unit)}" + (f" [{level}]" if level else ""))
+        columns.append(Column(m.label, m.unit, _level_text(data[f"{m.estimand}_level"].to_list())))
+        widths = [_half_width(r[f"{m.estimand}_low"], r[f"{m.estimand}_high"]) for r in records]
+        digits[m.estimand] = decimals_for(widths, m.unit)
     rows = []
+    hidden = False
     for rec in records:
-        row = [str(rec[k]) for k, _ in keys]
+        row: list[str] = [str(rec[k]) for k, _ in keys]
         for m in measures:
             if m.unit == _COUNT:
-                row.append(format_value(rec[m.estimand], _COUNT))
+                row.append(Cell(format_value(rec[m.estimand], _COUNT)))
+            elif m.estimand in shares and not rec["share_shown"]:
+                row.append(Cell(HIDDEN))
+                hidden = True
             else:
                 v, lo, hi = (rec[m.estimand], rec[f"{m.estimand}_low"], rec[f"{m.estimand}_high"])
-                row.append(format_interval(v, lo, hi, m.unit))
+                row.append(_interval_cell(v, lo, hi, m.unit, digits[m.estimand]))
         rows.append(row)
-    return StudyTable(name, caption, data, header, rows, group_columns=1)
+    notes = (SHARE_NOTE,) if hidden else ()
+    header = [c.header for c in columns]
+    return StudyTable(
+        name, caption, data, header, rows, group_columns=1, columns=tuple(columns), notes=notes
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +515,12 @@ def table2_decomposition(
         "intervals, paired across actions."
     )
     return _measure_table(
-        "table2", caption, [("model", "Model"), ("contrast", "Contrast")], records, TABLE2_MEASURES
+        "table2",
+        caption,
+        [("model", "Model"), ("contrast", "Contrast")],
+        records,
+        TABLE2_MEASURES,
+        shares=("occurrence_share", "exposure_share", "rate_share"),
     )
 
 
@@ -465,7 +578,12 @@ def table3_strata(
         "cohort. Percentage points; document-bootstrap intervals."
     )
     return _measure_table(
-        "table3", caption, [("model", "Model"), ("stratum", "Stratum")], records, measures
+        "table3",
+        caption,
+        [("model", "Model"), ("stratum", "Stratum")],
+        records,
+        measures,
+        shares=("exposure_share",),
     )
 
 
@@ -560,19 +678,21 @@ def table4_uncalibrated(
         level = _level_text(sub["ci_level"].to_list())
         predictor = next((p for p in sub["predictor"].to_list() if p), "")
         text = label + (f" ({predictor.replace('_', ' ')})" if predictor else "")
-        row = [text + (f" [{level}]" if level else "")]
+        row: list[str] = [text + (f" [{level}]" if level else "")]
+        widths = [_half_width(lo, hi) for lo, hi in sub.select("ci_low", "ci_high").iter_rows()]
+        digits = decimals_for(widths, _PP)
         for model in models:
             cell = sub.filter(pl.col("model") == model)
             if cell.height == 0:
-                row.append("")
+                row.append(Cell(""))
                 continue
             r = cell.row(0, named=True)
-            pred_predictor = r["predictor"]
-            shown = format_interval(r["value"], r["ci_low"], r["ci_high"], _PP)
-            if r["decision"]:
-                shown += f" {r['decision']}"
-            if pred_predictor and pred_predictor != predictor:
-                shown += f" ({pred_predictor.replace('_', ' ')})"
+            shown = _interval_cell(r["value"], r["ci_low"], r["ci_high"], _PP, digits)
+            extra = [r["decision"]] if r["decision"] else []
+            if r["predictor"] and r["predictor"] != predictor:
+                extra.append(f"({r['predictor'].replace('_', ' ')})")
+            if extra:
+                shown = Cell(shown.value, " ".join([shown.interval, *extra]).strip())
             row.append(shown)
         rows.append(row)
     caption = (
@@ -582,8 +702,9 @@ def table4_uncalibrated(
         "(error of the predicted population-average contrast with its interval and the "
         "equivalence decision, and document-contrast MAE and RMSE)."
     )
-    header = ["Quantity, pp", *models]
-    return StudyTable("table4", caption, data, header, rows, group_columns=0)
+    columns = (Column("Quantity, pp"), *(Column(m) for m in models))
+    header = [c.header for c in columns]
+    return StudyTable("table4", caption, data, header, rows, group_columns=0, columns=columns)
 
 
 # ---------------------------------------------------------------------------------------------

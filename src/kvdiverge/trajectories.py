@@ -1,8 +1,17 @@
-"""Trajectory files: the Parquet contract of DESIGN §3.2, written atomically, validated on read.
+"""Trajectory files: the Parquet contract, written atomically, checked when read.
 
-One row per (document, replicate, step) with the coupled pair's tokens, I_t, δ_t and f_t
-(SPEC §1), EOS flags and cache sizes. File-level metadata (Parquet key-value) records the model,
-action spec, H, K, seed, coupling mode, dtype, device and package version.
+One row per (document, replicate, step) with the coupled pair's tokens, I_t, δ_t and f_t, EOS
+flags and cache sizes. File-level metadata (Parquet key-value) records the model, action spec,
+H, K, seed, coupling mode, dtype, device and package version.
+
+:func:`read_trajectories` checks every file against its contract (:func:`check_trajectories`),
+so that no wrong value flows silently into an estimand: columns and types; no nulls; δ_t and
+f_t finite and in [0, 1] (up to float rounding, :data:`TV_TOLERANCE`); ``mismatch`` equal to
+``x_token != y_token``; EOS flags that stay true once set; 1 <= n_kept <= n_prompt; every path
+(document, replicate) has each step t = 1..H once; replicates of a document are 0..k-1 with k
+the metadata's ``K`` (of the document's cohort when ``K`` is per cohort, at most ``K`` when it
+is one number); the number of documents equals the metadata's ``n_documents``. An error is one
+line naming the file, document, replicate and step.
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ from kvdiverge.io import atomic_path
 __all__ = [
     "METADATA_KEYS",
     "TRAJECTORY_SCHEMA",
+    "TV_TOLERANCE",
     "TrajectoryFormatError",
+    "check_trajectories",
     "read_trajectories",
     "read_trajectory_metadata",
     "write_trajectories",
@@ -48,8 +59,12 @@ METADATA_KEYS = ("model", "revision", "action", "H", "K", "seed", "coupling", "d
 _META_PREFIX = "kvdiverge."
 
 
+TV_TOLERANCE = 1e-6
+"""δ_t and f_t may leave [0, 1] by this much (a total variation summed in float arithmetic)."""
+
+
 class TrajectoryFormatError(ValueError):
-    """A trajectory file does not follow DESIGN §3.2."""
+    """A trajectory file does not follow its contract (module docstring); one line."""
 
 
 def _conform(frame: pl.DataFrame, where: str) -> pl.DataFrame:
@@ -103,11 +118,178 @@ def read_trajectory_metadata(path: str | os.PathLike) -> dict[str, Any]:
     return out
 
 
-def read_trajectories(path: str | os.PathLike, lazy: bool = False) -> pl.DataFrame | pl.LazyFrame:
-    """Read and validate a trajectory file (columns and types of DESIGN §3.2).
+def _path_of(row: Mapping[str, Any], step: bool = True) -> str:
+    where = f"doc_id {row['doc_id']!r} replicate {row['replicate']}"
+    return f"{where} step {row['t']}" if step else where
 
-    A missing column or a wrong type raises :class:`TrajectoryFormatError` naming the file.
-    With ``lazy=True`` the schema is still checked eagerly, and a LazyFrame is returned.
+
+def _expected_replicates(doc_id: str, K: Any) -> tuple[int | None, int | None, str]:
+    """(exact count, upper bound, description) of a document's replicates from metadata K."""
+    if isinstance(K, Mapping) and K:
+        parts = str(doc_id).split("/")
+        cohort = parts[-2] if len(parts) >= 3 else None
+        if cohort in K:
+            return int(K[cohort]), None, f"K[{cohort}] = {K[cohort]}"
+        return None, max(int(v) for v in K.values()), f"K = {dict(K)}"
+    if isinstance(K, int) and not isinstance(K, bool):
+        return None, K, f"K = {K}"
+    return None, None, ""
+
+
+def check_trajectories(
+    data: pl.DataFrame | pl.LazyFrame, where: str, metadata: Mapping[str, Any] | None = None
+) -> None:
+    """Check a trajectory table (conformed to :data:`TRAJECTORY_SCHEMA`) against its contract
+    (module docstring); :class:`TrajectoryFormatError` naming ``where`` and the first offending
+    document, replicate and step. Lazy input stays lazy: only aggregates and the first offending
+    rows are collected."""
+    meta = dict(metadata or {})
+    lf = data.lazy() if isinstance(data, pl.DataFrame) else data
+    keys = ["doc_id", "replicate", "t"]
+    nulls = lf.select(pl.all().null_count()).collect().row(0, named=True)
+    for name, count in nulls.items():
+        if count:
+            raise TrajectoryFormatError(f"{where}: column {name!r} has {count} null value(s)")
+
+    def out_of_range(name: str) -> pl.Expr:
+        col = pl.col(name)
+        return ~(col.is_finite() & col.is_between(-TV_TOLERANCE, 1 + TV_TOLERANCE))
+
+    differ = pl.col("x_token") != pl.col("y_token")
+    flags = {
+        "tv_rollout": out_of_range("tv_rollout"),
+        "tv_fixed": out_of_range("tv_fixed"),
+        "mismatch": pl.col("mismatch") != differ,
+        "n_kept": (pl.col("n_kept") < 1) | (pl.col("n_kept") > pl.col("n_prompt")),
+    }
+    bad = (
+        lf.select(*keys, *(flag.alias(f"bad_{n}") for n, flag in flags.items()))
+        .filter(pl.any_horizontal(*(pl.col(f"bad_{n}") for n in flags)))
+        .sort(keys)
+        .head(1)
+        .collect()
+    )
+    if bad.height:
+        row = bad.row(0, named=True)
+        first = (
+            lf.filter(
+                (pl.col("doc_id") == row["doc_id"])
+                & (pl.col("replicate") == row["replicate"])
+                & (pl.col("t") == row["t"])
+            )
+            .collect()
+            .row(0, named=True)
+        )
+        at = f"{where}: {_path_of(row)}"
+        if row["bad_tv_rollout"]:
+            raise TrajectoryFormatError(
+                f"{at}: tv_rollout (δ) = {first['tv_rollout']}, expected a finite value in [0, 1]"
+            )
+        if row["bad_tv_fixed"]:
+            raise TrajectoryFormatError(
+                f"{at}: tv_fixed (f) = {first['tv_fixed']}, expected a finite value in [0, 1]"
+            )
+        if row["bad_mismatch"]:
+            raise TrajectoryFormatError(
+                f"{at}: mismatch = {first['mismatch']} contradicts x_token = {first['x_token']}, "
+                f"y_token = {first['y_token']}"
+            )
+        raise TrajectoryFormatError(
+            f"{at}: n_kept = {first['n_kept']}, expected 1..n_prompt = {first['n_prompt']}"
+        )
+
+    paths = (
+        lf.group_by("doc_id", "replicate")
+        .agg(
+            n=pl.len(),
+            t_min=pl.col("t").min(),
+            t_max=pl.col("t").max(),
+            t_unique=pl.col("t").n_unique(),
+            x_first=pl.col("t").filter(pl.col("x_eos")).min(),
+            x_count=pl.col("x_eos").sum(),
+            y_first=pl.col("t").filter(pl.col("y_eos")).min(),
+            y_count=pl.col("y_eos").sum(),
+        )
+        .sort("doc_id", "replicate")
+        .collect()
+    )
+    if paths.height == 0:
+        if meta.get("n_documents") not in (None, 0):
+            raise TrajectoryFormatError(
+                f"{where}: no rows, but the metadata says n_documents = {meta['n_documents']}"
+            )
+        return
+    horizon = meta.get("H")
+    horizon = int(horizon) if isinstance(horizon, int) else int(paths["t_max"].max())
+    broken = paths.filter(
+        (pl.col("n") != horizon)
+        | (pl.col("t_min") != 1)
+        | (pl.col("t_max") != horizon)
+        | (pl.col("t_unique") != horizon)
+    )
+    if broken.height:
+        row = broken.row(0, named=True)
+        raise TrajectoryFormatError(
+            f"{where}: {_path_of(row, step=False)}: {row['n']} rows with steps "
+            f"{row['t_min']}..{row['t_max']}, expected exactly one row for each t = 1..{horizon}"
+        )
+    for side in ("x", "y"):
+        first, count = pl.col(f"{side}_first"), pl.col(f"{side}_count")
+        broken = paths.filter((count > 0) & (count != horizon - first + 1))
+        if broken.height:
+            row = broken.row(0, named=True)
+            after = (
+                lf.filter(
+                    (pl.col("doc_id") == row["doc_id"])
+                    & (pl.col("replicate") == row["replicate"])
+                    & (pl.col("t") > row[f"{side}_first"])
+                    & ~pl.col(f"{side}_eos")
+                )
+                .select(pl.col("t").min())
+                .collect()
+                .item()
+            )
+            raise TrajectoryFormatError(
+                f"{where}: {_path_of(row, step=False)} step {after}: {side}_eos is false after "
+                f"EOS at step {row[f'{side}_first']} (EOS flags stay true once set)"
+            )
+    docs = (
+        paths.group_by("doc_id", maintain_order=True)
+        .agg(k=pl.len(), r_min=pl.col("replicate").min(), r_max=pl.col("replicate").max())
+        .sort("doc_id")
+    )
+    broken = docs.filter((pl.col("r_min") != 0) | (pl.col("r_max") != pl.col("k") - 1))
+    if broken.height:
+        row = broken.row(0, named=True)
+        raise TrajectoryFormatError(
+            f"{where}: doc_id {row['doc_id']!r}: replicates {row['r_min']}..{row['r_max']} in "
+            f"{row['k']} paths, expected replicates 0..{row['k'] - 1}"
+        )
+    if "K" in meta:
+        for doc_id, k in zip(docs["doc_id"], docs["k"], strict=True):
+            exact, bound, text = _expected_replicates(doc_id, meta["K"])
+            if (exact is not None and k != exact) or (bound is not None and k > bound):
+                wanted = exact if exact is not None else f"at most {bound}"
+                raise TrajectoryFormatError(
+                    f"{where}: doc_id {doc_id!r}: {k} replicates, expected {wanted} "
+                    f"(metadata {text})"
+                )
+    n_documents = meta.get("n_documents")
+    if isinstance(n_documents, int) and n_documents != docs.height:
+        raise TrajectoryFormatError(
+            f"{where}: {docs.height} documents, but the metadata says n_documents = {n_documents}"
+        )
+
+
+def read_trajectories(
+    path: str | os.PathLike, lazy: bool = False, check: bool = True
+) -> pl.DataFrame | pl.LazyFrame:
+    """Read a trajectory file and check it against its contract (module docstring).
+
+    A missing column, a wrong type or a broken contract raises :class:`TrajectoryFormatError`
+    with one line naming the file (and the document, replicate and step). With ``lazy=True``
+    the checks still run (collecting only the columns they need, aggregated) and a LazyFrame is
+    returned. ``check=False`` checks columns and types only.
     """
     try:
         schema = pq.read_schema(path)
@@ -115,8 +297,15 @@ def read_trajectories(path: str | os.PathLike, lazy: bool = False) -> pl.DataFra
         raise TrajectoryFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
     empty = pl.from_arrow(schema.empty_table())
     _conform(empty, str(path))
+    metadata = read_trajectory_metadata(path) if check else {}
     if lazy:
-        return pl.scan_parquet(path).select(
+        scan = pl.scan_parquet(path).select(
             [pl.col(n).cast(d) for n, d in TRAJECTORY_SCHEMA.items()]
         )
-    return _conform(pl.read_parquet(path), str(path))
+        if check:
+            check_trajectories(scan, str(path), metadata)
+        return scan
+    frame = _conform(pl.read_parquet(path), str(path))
+    if check:
+        check_trajectories(frame, str(path), metadata)
+    return frame

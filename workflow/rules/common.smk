@@ -1,14 +1,23 @@
-# Configuration validation, path building and provenance fingerprints.
+# Configuration checks, path building and provenance fingerprints.
 import os
 
-from kvdiverge.config import check_generation_reserve, module_fingerprint, validate_config
+from kvdiverge.config import check_config, module_fingerprint
+from kvdiverge.config import study_contrasts as configured_contrasts
+from kvdiverge.preflight import check_configured_models
 
-validate_config(config, os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"))
-check_generation_reserve(config)
+# Once, before any job: the config files read strictly, every value's kind and range, every
+# cross-reference and every combination that would fail later (kvdiverge.config), and each
+# model loaded from a local folder (kvdiverge.preflight); one line naming the field otherwise.
+check_config(
+    config,
+    os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"),
+    files=workflow.configfiles,
+)
+check_configured_models(config)
 
 
 def fingerprint(*modules):
-    """Params entry that changes when any of the named package modules changes (DESIGN §5)."""
+    """Params entry that changes when any of the named package modules changes."""
     return module_fingerprint(*modules)
 
 
@@ -113,16 +122,6 @@ def model_path(name):
     return spec["path"]
 
 
-for _study, _spec in config["studies"].items():
-    for _name in [*_spec["actions"], _spec["control"]]:
-        if _name not in ROLLOUT_ACTIONS:
-            raise ValueError(f"config.studies.{_study}: action {_name!r} is not in config.actions")
-    if _spec["control"] not in _spec["actions"]:
-        raise ValueError(
-            f"config.studies.{_study}.control: {_spec['control']!r} not in its actions"
-        )
-
-
 def rollout_model(wildcards):
     """Loading parameters of the rollout job's model (path, revision, remote code, dtype)."""
     spec = config["models"][wildcards.model]
@@ -175,34 +174,7 @@ def rollout_cohorts(study):
 def study_contrasts(study):
     """The study's contrasts [b, a] in the estimands table (analysis.contrasts, else every pair
     of non-control actions, earlier minus later)."""
-    spec = config["studies"][study]
-    compared = [a for a in spec["actions"] if a != spec["control"]]
-    pairs = [[b, a] for i, b in enumerate(compared) for a in compared[i + 1 :]]
-    return [list(p) for p in config["analysis"]["contrasts"].get(study) or pairs]
-
-
-for _study, _pairs in config["analysis"]["contrasts"].items():
-    if _study not in config["studies"]:
-        raise ValueError(f"config.analysis.contrasts: no study named {_study!r}")
-    _compared = [
-        a for a in config["studies"][_study]["actions"] if a != config["studies"][_study]["control"]
-    ]
-    for _pair in _pairs:
-        if _pair[0] == _pair[1] or any(a not in _compared for a in _pair):
-            raise ValueError(
-                f"config.analysis.contrasts.{_study}: expected [b, a], two different non-control "
-                f"actions of the study ({', '.join(_compared)}), got {list(_pair)}"
-            )
-
-
-for _study, _pair in config["figures"]["main_contrast"].items():
-    if _study not in config["studies"]:
-        raise ValueError(f"config.figures.main_contrast: no study named {_study!r}")
-    if list(_pair) not in study_contrasts(_study):
-        raise ValueError(
-            f"config.figures.main_contrast.{_study}: expected one of the study's contrasts "
-            f"{study_contrasts(_study)} (config.analysis.contrasts), got {list(_pair)}"
-        )
+    return configured_contrasts(config, study)
 
 
 def study_compared_actions(wildcards):

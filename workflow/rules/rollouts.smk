@@ -37,6 +37,9 @@ for study in config["studies"]:
             device=config["rollout"]["device"],
             code=fingerprint(
                 "kvdiverge.engine",
+                "kvdiverge.attention",
+                "kvdiverge.decode",
+                "kvdiverge.rollout_job",
                 "kvdiverge.eviction",
                 "kvdiverge.models",
                 "kvdiverge.coupling",

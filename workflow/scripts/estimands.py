@@ -1,21 +1,19 @@
 """Rule estimands: every SPEC §5 estimand with paired bootstrap intervals (DESIGN §3.4)."""
 
-import logging
+from kvdiverge.logs import job_log
 
-import polars as pl
+log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-from kvdiverge.analysis.document_stats import read_document_stats
-from kvdiverge.analysis.estimands import (
+import polars as pl  # noqa: E402
+
+from kvdiverge.analysis.document_stats import read_document_stats  # noqa: E402
+from kvdiverge.analysis.estimands import (  # noqa: E402
     control_max_tv,
     estimands_table,
     study_seed,
     write_estimands,
 )
 
-logging.basicConfig(
-    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
-)
-log = logging.getLogger("estimands")
 p = snakemake.params
 study = p.study
 contrasts = [tuple(c) for c in p.contrasts] if p.contrasts else None

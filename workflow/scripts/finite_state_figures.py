@@ -1,13 +1,10 @@
 """Rule finite_state_figures: the estimator and identified-interval figures (SPEC §4)."""
 
-import logging
+from kvdiverge.logs import job_log
 
-from kvdiverge.plots.finite_state import write_figures
+log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-logging.basicConfig(
-    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
-)
-logging.captureWarnings(True)
+from kvdiverge.plots.finite_state import write_figures  # noqa: E402
 
 out = snakemake.output
 write_figures(
@@ -17,4 +14,4 @@ write_figures(
     (out.estimators, out.estimators_pdf),
     (out.interval, out.interval_pdf),
 )
-logging.getLogger("finite_state_figures").info("wrote %s and %s", out.estimators, out.interval)
+log.info("wrote %s and %s", out.estimators, out.interval)

@@ -1,14 +1,11 @@
 """Rule finite_state_systems: run the finite-state study (SPEC §4) and write its two tables."""
 
-import logging
+from kvdiverge.logs import job_log
 
-from kvdiverge.finite_state import study_summary, study_tables
-from kvdiverge.io import atomic_path
+log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-logging.basicConfig(
-    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
-)
-log = logging.getLogger("finite_state_systems")
+from kvdiverge.finite_state import study_summary, study_tables  # noqa: E402
+from kvdiverge.io import atomic_path  # noqa: E402
 
 config = {"seed": snakemake.params.seed, "finite_state": dict(snakemake.params.finite_state)}
 systems, windows = study_tables(config, log=log.info)

@@ -1,18 +1,15 @@
 """Rule introductory_figure: figure 1, occurrence versus occupation (SPEC §2, paper §1)."""
 
-import logging
+from kvdiverge.logs import job_log
 
-from kvdiverge.plots.theory import write_introductory_figure
+log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-logging.basicConfig(
-    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
-)
-logging.captureWarnings(True)
+from kvdiverge.plots.theory import write_introductory_figure  # noqa: E402
 
 p = snakemake.params
 curves = write_introductory_figure(p.eps, p.horizon, snakemake.output.png, snakemake.output.pdf)
 for name, c in curves.items():
-    logging.getLogger("introductory_figure").info(
+    log.info(
         "%s: R_SMC=%.6g O_H=%.6g Pi_H=%.6g sequence TV=%.6g",
         name,
         c["R_SMC"],

@@ -1,16 +1,16 @@
 """Rule plan_sample_sizes: evaluation K and documents from development data (SPEC §5)."""
 
 import json
-import logging
 from itertools import product
 
-from kvdiverge.analysis.document_stats import read_document_stats
-from kvdiverge.analysis.planning import study_plan
-from kvdiverge.io import atomic_write_text
+from kvdiverge.logs import job_log
 
-logging.basicConfig(
-    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
-)
+log = job_log(snakemake)  # first: import errors and warnings go to the log too
+
+from kvdiverge.analysis.document_stats import read_document_stats  # noqa: E402
+from kvdiverge.analysis.planning import study_plan  # noqa: E402
+from kvdiverge.io import atomic_write_text  # noqa: E402
+
 p = snakemake.params
 study = p.study
 stats = {
@@ -36,6 +36,4 @@ plan = study_plan(
 )
 plan["study"] = snakemake.wildcards.study
 atomic_write_text(snakemake.output[0], json.dumps(plan, indent=2) + "\n")
-logging.getLogger("plan_sample_sizes").info(
-    "%d plans -> %s", len(plan["plans"]), snakemake.output[0]
-)
+log.info("%d plans -> %s", len(plan["plans"]), snakemake.output[0])

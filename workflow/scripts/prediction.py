@@ -1,17 +1,16 @@
 """Rule prediction: aggregate prediction and Table 4 contrasts (SPEC §5, paper §5.7)."""
 
-import logging
+from kvdiverge.logs import job_log
 
-import polars as pl
+log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-from kvdiverge.analysis.document_stats import AnalysisInputError, read_document_stats
-from kvdiverge.analysis.estimands import study_seed
-from kvdiverge.analysis.prediction import prediction_table
-from kvdiverge.io import atomic_path
+import polars as pl  # noqa: E402
 
-logging.basicConfig(
-    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
-)
+from kvdiverge.analysis.document_stats import AnalysisInputError, read_document_stats  # noqa: E402
+from kvdiverge.analysis.estimands import study_seed  # noqa: E402
+from kvdiverge.analysis.prediction import prediction_table  # noqa: E402
+from kvdiverge.io import atomic_path  # noqa: E402
+
 p = snakemake.params
 study = snakemake.wildcards.study
 if not p.pair:
@@ -41,4 +40,4 @@ for model, path in zip(p.models, snakemake.input.stats, strict=True):
     )
 with atomic_path(snakemake.output[0], suffix=".csv") as tmp:
     pl.concat(tables).write_csv(tmp)
-logging.getLogger("prediction").info("wrote %s", snakemake.output[0])
+log.info("wrote %s", snakemake.output[0])

@@ -13,7 +13,7 @@ transformers.utils.logging.disable_progress_bar()  # weight-loading bars; tqdm p
 
 import torch  # noqa: E402
 
-from kvdiverge.engine import run_stratum_rollout_job  # noqa: E402
+from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job  # noqa: E402
 
 torch.set_num_threads(snakemake.threads)
 params = snakemake.params
@@ -23,10 +23,12 @@ run_stratum_rollout_job(
     model=params.model,
     actions=params.actions,
     cohorts=params.cohorts,
-    H=params.H,
-    seed=params.seed,
-    coupling=params.coupling,
-    max_batch_rows=params.max_batch_rows,
+    settings=RolloutSettings(
+        H=params.H,
+        seed=params.seed,
+        coupling=params.coupling,
+        max_batch_rows=params.max_batch_rows,
+    ),
     device=params.device,
     log_file=sys.stderr,
 )

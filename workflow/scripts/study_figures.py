@@ -1,14 +1,11 @@
 """Rules study_figures and study_branch_figure: figures 5-7 and the decomposition bars of one
 study, drawn from its estimands table (SPEC §5)."""
 
-import logging
+from kvdiverge.logs import job_log
 
-from kvdiverge.plots.study import FIGURES, write_study_figures
+log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-logging.basicConfig(
-    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
-)
-logging.captureWarnings(True)
+from kvdiverge.plots.study import FIGURES, write_study_figures  # noqa: E402
 
 out = snakemake.output
 outputs = {name: (out[name], out[f"{name}_pdf"]) for name in FIGURES if name in out.keys()}
@@ -19,4 +16,4 @@ write_study_figures(
     palette_actions=list(snakemake.params.palette_actions),
     control=snakemake.params.control,
 )
-logging.getLogger("study_figures").info("wrote %s", ", ".join(outputs))
+log.info("wrote %s", ", ".join(outputs))

@@ -1,13 +1,10 @@
 """Rule study_tables: Tables 1-4 of one study as CSV, Markdown and LaTeX (SPEC §5)."""
 
-import logging
+from kvdiverge.logs import job_log
 
-from kvdiverge.tables import write_study_tables
+log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-logging.basicConfig(
-    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s", force=True
-)
-logging.captureWarnings(True)
+from kvdiverge.tables import write_study_tables  # noqa: E402
 
 out = snakemake.output
 outputs = {
@@ -21,4 +18,4 @@ built = write_study_tables(
     main_contrast=snakemake.params.main_contrast,
 )
 for name, table in built.items():
-    logging.getLogger("study_tables").info("%s: %d rows", name, table.data.height)
+    log.info("%s: %d rows", name, table.data.height)

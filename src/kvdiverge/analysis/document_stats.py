@@ -283,17 +283,17 @@ def _documents_frame(documents: pl.DataFrame | str | os.PathLike | Sequence) -> 
     return out
 
 
-def _file_statistics(path: str | os.PathLike, clock: Clock | None) -> tuple[pl.DataFrame, int]:
-    """Per-document averages of one trajectory file; returns (frame, H)."""
+def _file_statistics(
+    path: str | os.PathLike, clock: Clock | None, data: pl.DataFrame | None = None
+) -> tuple[pl.DataFrame, int]:
+    """Per-document averages of one trajectory file; returns (frame, H).
+
+    ``data``: the file's table, already read and checked (:func:`read_trajectories`)."""
     meta = read_trajectory_metadata(path)
-    lf = read_trajectories(path, lazy=True)
-    frame = (
-        lf.select(
-            "doc_id", "replicate", "t", "mismatch", "tv_rollout", "tv_fixed", "x_eos", "y_eos"
-        )
-        .sort("doc_id", "replicate", "t")
-        .collect()
-    )
+    data = read_trajectories(path) if data is None else data
+    frame = data.select(
+        "doc_id", "replicate", "t", "mismatch", "tv_rollout", "tv_fixed", "x_eos", "y_eos"
+    ).sort("doc_id", "replicate", "t")
     if frame.height == 0:
         raise AnalysisInputError(f"{path}: trajectory file has no rows")
     h_data = int(frame["t"].max())
@@ -358,13 +358,18 @@ def document_stats(
     keyword arguments of :meth:`Clock.for_horizon`. Every non-control action must cover the
     same documents; the control may cover more (it runs every document, SPEC §5).
 
-    Errors (one line naming the file): a missing column or wrong type, mismatched H across
-    files, incomplete paths, a document absent from the documents table, an action missing for
-    some documents. The control's files are checked first: δ ≠ 0 or X ≠ Y anywhere raises
+    Errors (one line naming the file): a missing column or wrong type, a broken file contract
+    (:func:`kvdiverge.trajectories.check_trajectories`: values, column consistency, path and
+    replicate counts, naming the document, replicate and step), mismatched H across files, a
+    document absent from the documents table, an action missing for some documents. The
+    control's files are checked first: δ ≠ 0 or X ≠ Y anywhere raises
     :class:`~kvdiverge.analysis.control.ControlCheckError` naming the document (SPEC §5).
     """
     if control is not None and control in trajectory_files:
-        check_full_retention_control(trajectory_files[control])
+        try:
+            check_full_retention_control(trajectory_files[control])
+        except TrajectoryFormatError as exc:
+            raise AnalysisInputError(str(exc)) from exc
     docs = _documents_frame(documents)
     settings = dict(clock_settings or {})
     clock: Clock | None = None
@@ -374,17 +379,13 @@ def document_stats(
         parts = []
         for path in paths:
             try:
+                data = read_trajectories(path)  # checked against the file contract once
+                if data.height == 0:
+                    raise AnalysisInputError(f"{path}: trajectory file has no rows")
                 if clock is None:
-                    h = int(read_trajectory_metadata(path).get("H", 0)) or None
-                    if h is None:
-                        h = int(
-                            read_trajectories(path, lazy=True)
-                            .select(pl.col("t").max())
-                            .collect()
-                            .item()
-                        )
+                    h = int(read_trajectory_metadata(path).get("H", 0)) or int(data["t"].max())
                     clock = Clock.for_horizon(h, **settings)
-                frame, _ = _file_statistics(path, clock)
+                frame, _ = _file_statistics(path, clock, data)
             except TrajectoryFormatError as exc:
                 raise AnalysisInputError(str(exc)) from exc
             unknown = frame.join(docs, on="doc_id", how="anti")

@@ -1,4 +1,6 @@
-"""Figures of the finite-state study (SPEC §4, paper §4.4 figure 4 and §3 figure 2)."""
+"""Figures of the finite-state study: the estimators (paper figure 4) and the identified
+interval (paper figure 2), in the house style of :mod:`kvdiverge.plots.base` at the text
+width."""
 
 from __future__ import annotations
 
@@ -13,13 +15,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
-import seaborn as sns  # noqa: E402
 
-from kvdiverge.plots.base import paper_theme, save_figure  # noqa: E402
+from kvdiverge.plots.base import (  # noqa: E402
+    TEXT_WIDTH,
+    figure_legend,
+    new_figure,
+    save_figure,
+    series_styles,
+)
 
 __all__ = ["plot_estimators", "plot_identified_interval", "write_figures"]
 
-_ESTIMATOR_COLORS = {"naive": "#8c8c8c", "SWRB": "#1f77b4"}
+_ESTIMATOR_STYLES = series_styles(["SWRB", "naive"])
 _Z95 = 1.959963984540054
 
 
@@ -58,51 +65,58 @@ def plot_estimators(systems: pl.DataFrame) -> plt.Figure:
             for label, prefix in (("naive", "naive"), ("SWRB", "swrb"))
         ]
     )
-    paper_theme()
-    fig, (ax_mean, ax_ratio) = plt.subplots(
-        1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1.6, 1]}
-    )
+    fig, axes = new_figure(TEXT_WIDTH, 2.9, 1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
+    ax_mean, ax_ratio = axes[0]
     offsets = {"naive": -0.17, "SWRB": 0.17}
     for label, group in long.group_by("estimator", maintain_order=True):
         label = label[0]
+        style = _ESTIMATOR_STYLES[label]
         x = np.array([order[s] for s in group["system"].to_list()]) + offsets[label]
         ax_mean.errorbar(
             x,
             group["relative"].to_numpy(),
             yerr=group["half_width"].to_numpy(),
-            fmt="o",
+            fmt=style.marker,
             ms=3.5,
             lw=1,
             capsize=1.5,
-            color=_ESTIMATOR_COLORS[label],
+            color=style.color,
+            mec="white",
+            mew=0.4,
             label=label,
         )
     ax_mean.axhline(1.0, color="black", ls="--", lw=0.8, label="exact")
-    ax_mean.set_xticks(range(table.height), [str(s) for s in table["system"].to_list()])
-    ax_mean.tick_params(axis="x", labelsize=6)
-    ax_mean.set_xlabel("system (ordered by exact P(τ ≤ H))")
-    ax_mean.set_ylabel("sample mean / exact $R_{SMC}$ (95% CI)")
-    ax_mean.set_title("Estimates against the exact risk")
-    ax_mean.legend(frameon=False, fontsize=8, loc="upper right")
-    sns.scatterplot(
-        data=table.to_pandas(),
-        x="p_div",
-        y="var_ratio",
-        ax=ax_ratio,
-        color=_ESTIMATOR_COLORS["SWRB"],
-        s=28,
+    systems = table["system"].to_list()
+    ax_mean.set_xticks(
+        range(table.height), [str(s) if i % 2 == 0 else "" for i, s in enumerate(systems)]
+    )
+    ax_mean.set_xlim(-0.7, table.height - 0.3)
+    ax_mean.grid(axis="x", visible=False)
+    ax_mean.set_xlabel("system (ordered by exact P(τ ≤ H); every other labelled)")
+    ax_mean.set_ylabel("sample mean / exact $R_{SMC}$")
+    ax_mean.set_title("(a) estimates against the exact risk, 95% intervals")
+    ax_mean.legend(loc="upper right", ncol=3)
+    swrb = _ESTIMATOR_STYLES["SWRB"]
+    ax_ratio.scatter(
+        table["p_div"].to_numpy(),
+        table["var_ratio"].to_numpy(),
+        color=swrb.color,
+        marker=swrb.marker,
+        s=18,
         edgecolor="white",
+        lw=0.4,
+        zorder=2,
+        label="system",
     )
     grid = np.geomspace(table["p_div"].min(), table["p_div"].max(), 50)
-    ax_ratio.plot(grid, 1.0 / grid, color="black", ls=":", lw=0.8, label="1 / P(τ ≤ H)")
-    ax_ratio.axhline(1.0, color="grey", lw=0.6)
+    ax_ratio.plot(grid, 1.0 / grid, color="black", ls=":", lw=0.9, label="1 / P(τ ≤ H)")
+    ax_ratio.axhline(1.0, color="0.5", lw=0.6)
     ax_ratio.set(xscale="log", yscale="log")
     ax_ratio.set_xlabel("exact divergence probability P(τ ≤ H)")
     ax_ratio.set_ylabel("naive / SWRB sample variance")
     median = float(np.median(table["var_ratio"].to_numpy()))
-    ax_ratio.set_title(f"Variance ratio (median {median:.1f})")
-    ax_ratio.legend(frameon=False, fontsize=8)
-    fig.tight_layout()
+    ax_ratio.set_title(f"(b) variance ratio (median {median:.1f})")
+    ax_ratio.legend(loc="upper right")
     return fig
 
 
@@ -119,56 +133,52 @@ def plot_identified_interval(windows: pl.DataFrame, systems: Sequence[int]) -> p
     absent = [s for s in systems if s not in known]
     if absent or not systems:
         raise ValueError(f"systems: expected systems present in the windows table, got {absent}")
-    paper_theme()
-    fig, axes = plt.subplots(
-        1, len(systems), figsize=(3.0 * len(systems), 3.2), sharey=False, squeeze=False
-    )
-    palette = sns.color_palette("deep")
+    fig, axes = new_figure(TEXT_WIDTH, 2.6, 1, len(systems))
+    band, lower, upper = series_styles(["band", "lower", "upper"]).values()
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
     for ax, system in zip(axes[0], systems, strict=True):
         rows = windows.filter(pl.col("system") == system).sort("L")
         L = rows["L"].to_numpy()
         low = rows["exact_R_L"].to_numpy()
         high = low + rows["exact_B_L"].to_numpy()
-        ax.fill_between(L, low, high, color=palette[0], alpha=0.18, step=None, label="identified")
-        ax.plot(L, low, color=palette[0], lw=1.2)
-        ax.plot(L, high, color=palette[0], lw=1.2)
+        ax.fill_between(L, low, high, color=band.color, alpha=0.15, lw=0, label="identified")
+        ax.plot(L, low, color=band.color, lw=1.0)
+        ax.plot(L, high, color=band.color, lw=1.0)
         ax.axhline(rows["exact_R_H"][0], color="black", ls="--", lw=0.9, label="realized $R_H$")
-        for col, lo, hi, marker, name in (
-            ("swrb_R_L", "swrb_R_L_lo", "swrb_R_L_hi", "o", "SWRB $R_L$"),
-            ("swrb_upper", "swrb_upper_lo", "swrb_upper_hi", "s", "SWRB $R_L+B_L$"),
+        for col, lo, hi, style, name in (
+            ("swrb_R_L", "swrb_R_L_lo", "swrb_R_L_hi", lower, "SWRB $R_L$"),
+            ("swrb_upper", "swrb_upper_lo", "swrb_upper_hi", upper, "SWRB $R_L+B_L$"),
         ):
             est = rows[col].to_numpy()
             ax.errorbar(
-                L,
+                L * (0.94 if style is lower else 1.06),  # dodged on the log axis
                 est,
                 yerr=np.vstack([est - rows[lo].to_numpy(), rows[hi].to_numpy() - est]),
-                fmt=marker,
+                fmt=style.marker,
                 ms=3,
-                lw=0.7,
+                lw=0.8,
                 capsize=1.5,
-                color=palette[3] if marker == "s" else palette[2],
-                alpha=0.8,
+                color=style.color,
+                mec="white",
+                mew=0.3,
                 label=name,
             )
         ax.set_xscale("log", base=2)
         ax.set_xticks(L, [str(v) for v in L])
+        ax.minorticks_off()
         top = float(max(high.max(), rows["swrb_upper"].max(), rows["swrb_R_L_hi"].max()))
         ax.set_ylim(bottom=0, top=1.1 * top)
         ax.set_xlabel("window depth L")
-        ax.set_title(f"system {system}")
+        ax.set_title(f"({next(letters)}) system {system}")
     axes[0][0].set_ylabel("$R_{SMC}$ (fraction of steps)")
     level = 1 - float(windows["alpha"][0])
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.legend(
+    figure_legend(
+        fig,
         handles,
         labels,
-        loc="lower center",
+        f"SWRB endpoint intervals: Hoeffding, {level:.0%} jointly",
         ncol=len(labels),
-        frameon=False,
-        fontsize=8,
-        title=f"SWRB endpoint intervals: Hoeffding, {level:.0%} jointly",
-        title_fontsize=8,
     )
     return fig
 
@@ -180,7 +190,7 @@ def write_figures(
     estimators_out: tuple[str | os.PathLike, str | os.PathLike],
     interval_out: tuple[str | os.PathLike, str | os.PathLike],
 ) -> None:
-    """Read the study tables and write both figures (PNG, PDF) atomically (SPEC §4)."""
+    """Read the study tables and write both figures (PNG, PDF) atomically."""
     for path in (systems_csv, windows_csv):
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: expected the finite-state study table")

@@ -1,17 +1,24 @@
-"""Figures of the language-model study (SPEC §5, paper §5: figures 5–7 and decomposition bars).
+"""Figures of the language-model study: figure 5 (pooled, and per stratum for an appendix),
+figures 6–7 and the decomposition bars.
 
-Every figure reads only the long estimands table (DESIGN §3.4) — any study's — and draws the
-intervals stored there (``ci_low``/``ci_high`` at ``ci_level``); nothing is re-estimated.
-Profiles are the estimands named ``name@x`` (``div_cdf@t``, ``tv@t``, ``branch_tv@j``), so the
-horizon and the branch depth come from the table. A figure whose estimands are absent raises
+Every figure reads only the long estimands table (``estimands.csv``, read by
+:func:`kvdiverge.tables.read_estimands`) — any study's — and draws the intervals stored there
+(``ci_low``/``ci_high`` at ``ci_level``); nothing is re-estimated. Profiles are the estimands
+named ``name@x`` (``div_cdf@t``, ``tv@t``, ``branch_tv@j``), so the horizon and the branch depth
+come from the table. A figure whose estimands are absent raises
 :class:`kvdiverge.tables.StudyTableError` naming the estimand and the file.
 
-Actions keep one colour across all figures (:func:`action_palette`, keyed by the configured
-action list); fractions are drawn on percent axes.
+Every figure is drawn in the house style of :mod:`kvdiverge.plots.base` at its print size
+(figure 5 at one column's width, the others at the text width). Actions keep one
+:class:`~kvdiverge.plots.base.SeriesStyle` (colour, line style, marker) in all figures of a
+study, by their order in the study; pointwise intervals are light bands with thin edges in the
+action's colour and line style; fractions are drawn on percent axes whose ticks are never
+rounded (:class:`~kvdiverge.plots.base.PercentTicks`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 
@@ -22,10 +29,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
-import seaborn as sns  # noqa: E402
-from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from kvdiverge.plots.base import paper_theme, save_figure  # noqa: E402
+from kvdiverge.plots.base import (  # noqa: E402
+    COLUMN_WIDTH,
+    TEXT_WIDTH,
+    PercentTicks,
+    SeriesStyle,
+    figure_legend,
+    interval_band,
+    new_figure,
+    save_figure,
+    series_styles,
+)
 from kvdiverge.tables import (  # noqa: E402
     StudyTableError,
     contrasts_in,
@@ -37,40 +55,39 @@ from kvdiverge.tables import (  # noqa: E402
 
 __all__ = [
     "FIGURES",
-    "action_palette",
+    "TERM_STYLES",
+    "action_styles",
     "branch_windows",
     "plot_branch_endpoints",
     "plot_decomposition",
     "plot_divergence_cdf",
+    "plot_divergence_cdf_strata",
     "plot_tv_profiles",
     "profile",
     "write_study_figures",
 ]
 
-FIGURES = ("fig5_divergence_cdf", "fig6_tv_profiles", "fig7_branch_contrasts", "decomposition")
-_CONTROL_COLOR = (0.45, 0.45, 0.45)
-_TERM_COLORS = {"occurrence": "#e6ab02", "exposure": "#1b9e77", "rate": "#7570b3"}
-_PERCENT = PercentFormatter(xmax=1.0, decimals=0)
-_POINTS = PercentFormatter(xmax=1.0, decimals=0, symbol="")  # percentage points: "12"
+FIGURES = (
+    "fig5_divergence_cdf",
+    "fig5_divergence_cdf_strata",
+    "fig6_tv_profiles",
+    "fig7_branch_contrasts",
+    "decomposition",
+)
+TERM_STYLES = {
+    "occurrence": SeriesStyle("#E69F00", hatch=""),
+    "exposure": SeriesStyle("#56B4E9", hatch="////"),
+    "rate": SeriesStyle("#CC79A7", hatch="...."),
+}
+"""The decomposition's terms: colour and hatch (distinct from the actions' colours)."""
 _DELTA_R = r"$\Delta R_{\mathrm{SMC}}$"
 
 
-def _colors(n: int) -> list[tuple]:
-    """``n`` distinct colour-blind-safe colours; grey is left for the control."""
-    base = sns.color_palette("colorblind", 10)
-    order = [0, 1, 2, 4, 5, 8, 9, 3, 6]
-    return [tuple(base[order[i % len(order)]]) for i in range(n)]
-
-
-def action_palette(actions: Sequence[str], control: str | None = None) -> dict[str, tuple]:
-    """One colour per eviction action (SPEC §5), by position in ``actions`` (pass every
-    configured action so that an action has the same colour in every study and figure); the
-    full-retention control is grey."""
-    compared = [a for a in actions if a != control]
-    palette = dict(zip(compared, _colors(len(compared)), strict=True))
-    if control is not None:
-        palette[control] = _CONTROL_COLOR
-    return palette
+def action_styles(actions: Sequence[str], control: str | None = None) -> dict[str, SeriesStyle]:
+    """One style per action by its position in ``actions`` (the study's order: its first two
+    actions are the high-contrast blue/vermillion pair); the full-retention control is grey
+    and dotted (:func:`kvdiverge.plots.base.series_styles`)."""
+    return series_styles(actions, control)
 
 
 def _actions_in(table: pl.DataFrame) -> list[str]:
@@ -81,20 +98,18 @@ def _models_in(table: pl.DataFrame) -> list[str]:
     return table["model"].unique(maintain_order=True).to_list()
 
 
-def _complete_palette(palette: Mapping[str, tuple] | None, actions: Sequence[str]) -> dict:
-    """``palette`` extended with colours for actions it lacks."""
-    palette = dict(palette or {})
-    missing = [a for a in actions if a not in palette]
+def _complete_styles(styles: Mapping[str, SeriesStyle] | None, actions: Sequence[str]) -> dict:
+    """``styles`` extended with styles for the actions it lacks (after those it has)."""
+    styles = dict(styles or {})
+    missing = [a for a in actions if a not in styles]
     if missing:
-        start = len(palette)
-        extra = _colors(start + len(missing))
-        for i, a in enumerate(missing):
-            palette[a] = extra[start + i]
-    return palette
+        extra = series_styles([*styles, *missing])
+        styles |= {a: extra[a] for a in missing}
+    return styles
 
 
 def profile(table: pl.DataFrame, prefix: str) -> pl.DataFrame:
-    """Rows of a SPEC §5 profile (``div_cdf@t``, ``tv@t``, ``branch_tv@j``: estimands named
+    """Rows of a profile (``div_cdf@t``, ``tv@t``, ``branch_tv@j``: estimands named
     ``prefix@x``) with ``x`` (int) as a column, sorted by x."""
     marker = f"{prefix}@"
     rows = table.filter(pl.col("estimand").str.starts_with(marker))
@@ -115,7 +130,7 @@ def _require_profile(table: pl.DataFrame, prefix: str, where: str, needed_by: st
 
 
 def branch_windows(table: pl.DataFrame, where: str = "estimands") -> tuple[range, range]:
-    """Early and late lag windows of the divergence clock, recovered from the table (SPEC §5).
+    """Early and late lag windows of the divergence clock, recovered from the table.
 
     The window w is the one for which ``branch_early`` = mean of ``branch_tv@1..w`` and
     ``branch_late`` = mean of ``branch_tv@d−w+1..d`` (d the deepest lag) on every pooled action
@@ -148,53 +163,9 @@ def branch_windows(table: pl.DataFrame, where: str = "estimands") -> tuple[range
             f"{where}: branch_early/branch_late are not window means of branch_tv@j for any "
             f"window 1..{depth // 2}"
         )
-    default = max(1, round(depth / 4))  # SPEC §5: 16 of 64 lags, when flat profiles tie
+    default = max(1, round(depth / 4))  # 16 of 64 lags, when flat profiles tie
     w = fits[0] if len(fits) == 1 or default not in fits else default
     return range(1, w + 1), range(depth - w + 1, depth + 1)
-
-
-def _band(ax: plt.Axes, x, low, high, color, step: bool = False) -> None:
-    ax.fill_between(
-        x, low, high, color=color, alpha=0.2, lw=0, step="post" if step else None, zorder=1
-    )
-
-
-def _profile_facet(
-    ax: plt.Axes,
-    panel: pl.DataFrame,
-    actions: Sequence[str],
-    palette: Mapping[str, tuple],
-    context: str,
-    needed_by: str,
-    step: bool = False,
-) -> None:
-    """One facet of profiles against ``x``: each action's pointwise band, then its line
-    (steps for a CDF). An absent action is an error naming ``context`` and ``needed_by``."""
-    for action in actions:
-        r = panel.filter(pl.col("action") == action)
-        if r.height == 0:
-            raise StudyTableError(f"{context}: action {action!r} missing (needed by {needed_by})")
-        low, high = r["ci_low"].to_numpy(), r["ci_high"].to_numpy()
-        _band(ax, r["x"].to_numpy(), low, high, palette[action], step)
-    sns.lineplot(
-        data=panel.to_pandas(),
-        x="x",
-        y="value",
-        hue="action",
-        hue_order=actions,
-        palette=palette,
-        lw=1.3,
-        ax=ax,
-        legend=False,
-        zorder=2,
-        **({"drawstyle": "steps-post"} if step else {}),
-    )
-    ax.set_ylim(-0.02, 1.02)
-    _percent_axis(ax)
-
-
-def _percent_axis(ax: plt.Axes, axis: str = "y") -> None:
-    (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(_PERCENT)
 
 
 def _level_label(levels: Sequence[float]) -> str:
@@ -202,70 +173,178 @@ def _level_label(levels: Sequence[float]) -> str:
     return "/".join(f"{100 * v:.10g}%" for v in found) if found else "unstated"
 
 
-def _legend(fig: plt.Figure, actions: Sequence[str], palette: Mapping, title: str) -> None:
-    handles = [plt.Line2D([], [], color=palette[a], lw=2) for a in actions]
-    fig.legend(
-        handles,
-        list(actions),
-        loc="lower center",
-        ncol=min(len(actions), 6),
-        frameon=False,
-        title=title,
-        fontsize=8,
-        title_fontsize=8,
-    )
+def _fit_limits(
+    values: Sequence[float] | np.ndarray,
+    floor: float | None = 0.0,
+    ceiling: float | None = 1.0,
+    pad: float = 0.06,
+) -> tuple[float, float]:
+    """Axis limits fitted to ``values`` (the plotted values and interval ends): from ``floor``
+    when nothing lies below it, up to the largest value plus a margin, never past ``ceiling``
+    by more than the margin."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+    if v.size == 0:
+        return (floor if floor is not None else 0.0, ceiling if ceiling is not None else 1.0)
+    lo, hi = float(v.min()), float(v.max())
+    if floor is not None and lo >= floor:
+        lo = floor
+    if hi - lo < 1e-9:  # one value (all zero, say): a window of 5 points above or around it
+        half = max(abs(hi), 0.05) / 2
+        lo, hi = (lo, lo + 2 * half) if lo == floor else (lo - half, hi + half)
+    span = hi - lo
+    low = lo - (0.02 if floor is not None and lo == floor else pad) * span
+    high = hi + pad * span
+    if ceiling is not None:
+        high = min(high, ceiling + 0.02 * span)
+    return low, high
+
+
+def _percent(ax: plt.Axes, symbol: str = "%") -> None:
+    ax.yaxis.set_major_formatter(PercentTicks(symbol))
+
+
+def _action_legend(
+    fig: plt.Figure, actions: Sequence[str], styles: Mapping[str, SeriesStyle], title: str, **kw
+) -> None:
+    handles = [Line2D([], [], lw=1.6, **styles[a].line()) for a in actions]
+    figure_legend(fig, handles, list(actions), title, **kw)
+
+
+def _profile_lines(
+    ax: plt.Axes,
+    panel: pl.DataFrame,
+    actions: Sequence[str],
+    styles: Mapping[str, SeriesStyle],
+    context: str,
+    needed_by: str,
+    step: bool = False,
+) -> None:
+    """One panel of profiles against ``x``: each action's pointwise band (light fill, thin
+    edges), then its line (steps for a CDF). An absent action is an error naming ``context``
+    and ``needed_by``."""
+    for action in actions:
+        r = panel.filter(pl.col("action") == action)
+        if r.height == 0:
+            raise StudyTableError(f"{context}: action {action!r} missing (needed by {needed_by})")
+        x = r["x"].to_numpy()
+        interval_band(ax, x, r["ci_low"].to_numpy(), r["ci_high"].to_numpy(), styles[action], step)
+    for action in actions:
+        r = panel.filter(pl.col("action") == action)
+        ax.plot(
+            r["x"].to_numpy(),
+            r["value"].to_numpy(),
+            lw=1.5,
+            drawstyle="steps-post" if step else "default",
+            zorder=2,
+            **styles[action].line(),
+        )
+
+
+def _interval_values(rows: pl.DataFrame) -> np.ndarray:
+    return rows.select("value", "ci_low", "ci_high").to_numpy().ravel()
+
+
+def _cdf_rows(
+    table: pl.DataFrame, actions: Sequence[str], where: str, needed_by: str
+) -> pl.DataFrame:
+    rows = _require_profile(table, "div_cdf", where, needed_by)
+    return rows.filter(pl.col("action").is_in(actions))
+
+
+def _cdf_axes(ax: plt.Axes, horizon: int, limits: tuple[float, float]) -> None:
+    ax.set_xlim(1, horizon)
+    ax.set_ylim(*limits)
+    ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
+    _percent(ax)
 
 
 def plot_divergence_cdf(
     table: pl.DataFrame,
     actions: Sequence[str] | None = None,
-    palette: Mapping[str, tuple] | None = None,
+    styles: Mapping[str, SeriesStyle] | None = None,
     where: str = "estimands",
 ) -> plt.Figure:
-    """Figure 5: divergence CDF P(τ ≤ t) per model (rows) and action (colour), pooled and per
-    stratum (columns), with the table's pointwise intervals as bands (SPEC §2, §5)."""
-    rows = _require_profile(table, "div_cdf", where, "figure 5")
+    """Figure 5: the divergence CDF P(τ ≤ t), all strata pooled, one panel per model, one line
+    per action, with the table's pointwise intervals as outlined bands. One column wide; the
+    per-stratum curves are :func:`plot_divergence_cdf_strata`."""
     actions = list(actions) if actions is not None else _actions_in(table)
-    palette = _complete_palette(palette, actions)
+    styles = _complete_styles(styles, actions)
+    rows = _cdf_rows(table, actions, where, "figure 5")
+    pooled = rows.filter(pl.col("stratum") == "pooled")
     models = _models_in(table)
-    columns = ["pooled", *strata_in(table)]
-    rows = rows.filter(pl.col("action").is_in(actions))
     horizon = int(rows["x"].max())
-    paper_theme()
-    fig, axes = plt.subplots(
-        len(models),
-        len(columns),
-        figsize=(2.2 * len(columns) + 0.6, 2.2 * len(models) + 0.8),
-        sharex=True,
-        sharey=True,
-        squeeze=False,
+    limits = _fit_limits(_interval_values(pooled))
+    fig, axes = new_figure(
+        COLUMN_WIDTH, 0.8 + 1.6 * len(models), len(models), 1, sharex=True, sharey=True
     )
     for i, model in enumerate(models):
-        for k, stratum in enumerate(columns):
-            ax = axes[i][k]
-            panel = rows.filter((pl.col("model") == model) & (pl.col("stratum") == stratum))
-            context = f"{where}: estimand 'div_cdf@t' of model {model!r}, stratum {stratum!r}"
-            _profile_facet(ax, panel, actions, palette, context, "figure 5", step=True)
-            ax.set_xlim(1, horizon)
-            ax.xaxis.set_major_locator(MaxNLocator(4, integer=True))
-            ax.set_title(f"{model} · {stratum_label(stratum)}", fontsize=8)
-            ax.set_xlabel("generation step $t$" if i == len(models) - 1 else "")
-            ax.set_ylabel(r"$P(\tau \leq t)$" if k == 0 else "")
-    level = _level_label(rows["ci_level"].to_list())
-    fig.tight_layout(rect=(0, 0.09, 1, 1))
-    _legend(fig, actions, palette, f"action (bands: pointwise {level} intervals)")
+        ax = axes[i][0]
+        panel = pooled.filter(pl.col("model") == model)
+        context = f"{where}: estimand 'div_cdf@t' of model {model!r}, stratum 'pooled'"
+        _profile_lines(ax, panel, actions, styles, context, "figure 5", step=True)
+        _cdf_axes(ax, horizon, limits)
+        ax.set_title(f"{model}, all strata pooled")
+        ax.set_ylabel(r"$P(\tau \leq t)$")
+    axes[-1][0].set_xlabel("generation step $t$")
+    level = _level_label(pooled["ci_level"].to_list())
+    _action_legend(fig, actions, styles, f"action (bands: pointwise {level} intervals)", ncol=3)
+    return fig
+
+
+def plot_divergence_cdf_strata(
+    table: pl.DataFrame,
+    actions: Sequence[str] | None = None,
+    styles: Mapping[str, SeriesStyle] | None = None,
+    where: str = "estimands",
+) -> plt.Figure:
+    """Figure 5 per stratum (appendix): the divergence CDF of every model (columns) and stratum
+    (rows), drawn as :func:`plot_divergence_cdf` draws the pooled curves; the text width wide.
+    A single model's strata wrap into three columns."""
+    needed_by = "figure 5 per stratum"
+    actions = list(actions) if actions is not None else _actions_in(table)
+    styles = _complete_styles(styles, actions)
+    rows = _cdf_rows(table, actions, where, needed_by)
+    strata = strata_in(table)
+    if not strata:
+        raise StudyTableError(f"{where}: no per-stratum rows (needed by {needed_by})")
+    models = _models_in(table)
+    if len(models) > 1:
+        panels = [(m, s) for s in strata for m in models]
+        ncols = len(models)
+    else:
+        panels = [(models[0], s) for s in strata]
+        ncols = min(3, len(strata))
+    nrows = math.ceil(len(panels) / ncols)
+    horizon = int(rows["x"].max())
+    shown = rows.filter(pl.col("stratum") != "pooled")
+    limits = _fit_limits(_interval_values(shown))
+    fig, axes = new_figure(TEXT_WIDTH, 0.8 + 1.4 * nrows, nrows, ncols, sharex=True, sharey=True)
+    flat = axes.ravel()
+    for k, (model, stratum) in enumerate(panels):
+        ax = flat[k]
+        panel = shown.filter((pl.col("model") == model) & (pl.col("stratum") == stratum))
+        context = f"{where}: estimand 'div_cdf@t' of model {model!r}, stratum {stratum!r}"
+        _profile_lines(ax, panel, actions, styles, context, needed_by, step=True)
+        _cdf_axes(ax, horizon, limits)
+        ax.set_title(f"{model} · {stratum_label(stratum)}")
+        ax.set_ylabel(r"$P(\tau \leq t)$" if k % ncols == 0 else "")
+        ax.set_xlabel("generation step $t$" if k >= len(panels) - ncols else "")
+    for ax in flat[len(panels) :]:
+        ax.set_visible(False)
+    level = _level_label(shown["ci_level"].to_list())
+    _action_legend(fig, actions, styles, f"action (bands: pointwise {level} intervals)", ncol=6)
     return fig
 
 
 def plot_tv_profiles(
     table: pl.DataFrame,
     actions: Sequence[str] | None = None,
-    palette: Mapping[str, tuple] | None = None,
+    styles: Mapping[str, SeriesStyle] | None = None,
     where: str = "estimands",
 ) -> plt.Figure:
     """Figure 6: generation-clock E[δ_t] (left) and divergence-clock branch TV b_j =
     E[δ_{τ+j} | τ ≤ d] (right) per model (rows), pooled, with pointwise intervals; the
-    generation-clock blocks are marked and the early and late lag windows shaded (SPEC §5)."""
+    generation-clock blocks are marked and the early and late lag windows shaded."""
     gen = _require_profile(table, "tv", where, "figure 6")
     branch = _require_profile(table, "branch_tv", where, "figure 6")
     early, late = branch_windows(table, where)
@@ -278,54 +357,59 @@ def plot_tv_profiles(
         }
     )
     actions = list(actions) if actions is not None else _actions_in(table)
-    palette = _complete_palette(palette, actions)
+    styles = _complete_styles(styles, actions)
     models = _models_in(table)
-    paper_theme()
-    fig, axes = plt.subplots(
-        len(models), 2, figsize=(9.5, 2.7 * len(models) + 0.8), sharey=True, squeeze=False
-    )
+    shown = [
+        rows.filter((pl.col("stratum") == "pooled") & pl.col("action").is_in(actions))
+        for rows in (gen, branch)
+    ]
+    limits = _fit_limits(_interval_values(pl.concat(shown)))
+    fig, axes = new_figure(TEXT_WIDTH, 0.8 + 1.9 * len(models), len(models), 2, sharey=True)
     letters = iter("abcdefghijklmnopqrstuvwxyz")
     for i, model in enumerate(models):
-        for k, (rows, xlabel, title) in enumerate(
+        for k, (rows, xlabel, title, ylabel) in enumerate(
             (
-                (gen, "generation step $t$", r"generation clock $E[\delta_t]$"),
                 (
-                    branch,
+                    shown[0],
+                    "generation step $t$",
+                    "generation clock",
+                    r"mean rollout TV $E[\delta_t]$",
+                ),
+                (
+                    shown[1],
                     r"lag $j$ after first divergence $\tau$",
-                    rf"divergence clock $E[\delta_{{\tau+j}} \mid \tau \leq {depth}]$",
+                    f"divergence clock (cohort τ ≤ {depth})",
+                    rf"branch TV $E[\delta_{{\tau+j}} \mid \tau \leq {depth}]$",
                 ),
             )
         ):
             ax = axes[i][k]
-            panel = rows.filter(
-                (pl.col("model") == model)
-                & (pl.col("stratum") == "pooled")
-                & pl.col("action").is_in(actions)
-            )
+            panel = rows.filter(pl.col("model") == model)
             if k == 1:
                 for window, name in ((early, "early"), (late, "late")):
                     ax.axvspan(window.start - 0.5, window.stop - 0.5, color="0.92", zorder=0)
                     ax.text(
                         (window.start + window.stop - 1) / 2,
-                        1.02,
+                        0.97,
                         name,
                         ha="center",
-                        va="bottom",
-                        fontsize=7,
+                        va="top",
                         transform=ax.get_xaxis_transform(),
                     )
             else:
                 for edge in edges[:-1]:
-                    ax.axvline(edge + 0.5, color="0.6", lw=0.7, ls=":", zorder=0)
+                    ax.axvline(edge + 0.5, color="0.55", lw=0.7, ls=":", zorder=0)
             context = f"{where}: profile of model {model!r}"
-            _profile_facet(ax, panel, actions, palette, context, "figure 6")
+            _profile_lines(ax, panel, actions, styles, context, "figure 6")
             ax.set_xlim(0.5 if k == 1 else 1, int(rows["x"].max()) + (0.5 if k == 1 else 0))
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(r"rollout TV $\delta$" if k == 0 else "")
-            ax.set_title(f"({next(letters)}) {model}: {title}", fontsize=9, loc="left", pad=12)
-    level = _level_label(pl.concat([gen, branch])["ci_level"].to_list())
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    _legend(fig, actions, palette, f"action (bands: pointwise {level} intervals)")
+            ax.set_ylim(*limits)
+            ax.tick_params(labelleft=True)
+            _percent(ax)
+            ax.set_xlabel(xlabel if i == len(models) - 1 else "")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"({next(letters)}) {model}: {title}")
+    level = _level_label(pl.concat(shown)["ci_level"].to_list())
+    _action_legend(fig, actions, styles, f"action (bands: pointwise {level} intervals)", ncol=6)
     return fig
 
 
@@ -352,60 +436,91 @@ def _dodged_intervals(
     rows: pl.DataFrame,
     models: Sequence[str],
     actions: Sequence[str],
-    palette: Mapping,
+    styles: Mapping[str, SeriesStyle],
 ) -> None:
     width = 0.7 / max(len(actions), 1)
+    order = {m: i for i, m in enumerate(models)}
     for j, action in enumerate(actions):
         offset = (j - (len(actions) - 1) / 2) * width
         r = rows.filter(pl.col("action") == action)
-        order = {m: i for i, m in enumerate(models)}
         x = np.array([order[m] for m in r["model"].to_list()]) + offset
         v = r["value"].to_numpy()
         err = np.vstack([v - r["ci_low"].to_numpy(), r["ci_high"].to_numpy() - v])
+        style = styles[action]
         ax.errorbar(
-            x, v, yerr=err, fmt="o", ms=5, lw=1.4, capsize=3, color=palette[action], label=action
+            x,
+            v,
+            yerr=err,
+            fmt=style.marker,
+            ms=5,
+            lw=1.3,
+            capsize=3,
+            color=style.color,
+            mec="white",
+            mew=0.5,
+            label=action,
         )
     ax.set_xticks(range(len(models)), list(models))
     ax.set_xlim(-0.6, len(models) - 0.4)
+    ax.grid(axis="x", visible=False)
 
 
 def plot_branch_endpoints(
     table: pl.DataFrame,
     actions: Sequence[str] | None = None,
-    palette: Mapping[str, tuple] | None = None,
+    styles: Mapping[str, SeriesStyle] | None = None,
     where: str = "estimands",
 ) -> plt.Figure:
     """Figure 7: branch contrasts B(a) = late − early branch TV (a) and saturation S_.99 (b)
-    per model and action, pooled, with the table's (family-adjusted) intervals (SPEC §5)."""
+    per model and action, pooled, with the table's (family-adjusted) intervals; both axes are
+    fitted to the estimates and their intervals."""
     require_estimands(table, ["branch_contrast_B", "S_99"], where, "figure 7")
     actions = list(actions) if actions is not None else _actions_in(table)
-    palette = _complete_palette(palette, actions)
+    styles = _complete_styles(styles, actions)
     models = _models_in(table)
     b_rows = _pooled_action_rows(table, "branch_contrast_B", actions, where, "figure 7")
     s_rows = _pooled_action_rows(table, "S_99", actions, where, "figure 7")
-    paper_theme()
-    fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(9, 3.6))
-    _dodged_intervals(ax_b, b_rows, models, actions, palette)
-    ax_b.axhline(0, color="black", lw=0.8)
-    ax_b.yaxis.set_major_formatter(_POINTS)
+    fig, axes = new_figure(TEXT_WIDTH, 2.7, 1, 2)
+    ax_b, ax_s = axes[0]
+    _dodged_intervals(ax_b, b_rows, models, actions, styles)
+    ax_b.axhline(0, color="black", lw=0.8, zorder=0)
+    ax_b.set_ylim(*_fit_limits([*_interval_values(b_rows), 0.0], floor=None, ceiling=None))
+    _percent(ax_b, "")
     ax_b.set_ylabel("B(a) = late − early branch TV, pp")
-    ax_b.set_title(
-        f"(a) branch contrast, {_level_label(b_rows['ci_level'].to_list())} intervals",
-        fontsize=9,
-        loc="left",
-    )
-    _dodged_intervals(ax_s, s_rows, models, actions, palette)
-    ax_s.set_ylim(-0.02, 1.02)
-    _percent_axis(ax_s)
-    ax_s.set_ylabel(r"$S_{.99}$ = mean over $t$ of $P(\delta_t > .99)$")
-    ax_s.set_title(
-        f"(b) saturation, {_level_label(s_rows['ci_level'].to_list())} intervals",
-        fontsize=9,
-        loc="left",
-    )
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    _legend(fig, actions, palette, "action")
+    ax_b.set_title(f"(a) branch contrast, {_level_label(b_rows['ci_level'].to_list())} intervals")
+    _dodged_intervals(ax_s, s_rows, models, actions, styles)
+    ax_s.set_ylim(*_fit_limits(_interval_values(s_rows)))
+    _percent(ax_s)
+    ax_s.set_ylabel(r"$S_{.99}$: mean over $t$ of $P(\delta_t > .99)$")
+    ax_s.set_title(f"(b) saturation, {_level_label(s_rows['ci_level'].to_list())} intervals")
+    handles = [
+        Line2D([], [], marker=styles[a].marker, lw=1.3, color=styles[a].color, mec="white")
+        for a in actions
+    ]
+    figure_legend(fig, handles, list(actions), "action", ncol=6)
     return fig
+
+
+def _covers_zero(row: Mapping) -> bool:
+    """Whether the interval of a row covers 0 (or is missing): its shares are then unbounded."""
+    lo, hi = row["ci_low"], row["ci_high"]
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return True
+    return lo <= 0.0 <= hi
+
+
+def _stack_span(rows: pl.DataFrame, terms: Sequence[str]) -> float:
+    """The height of the decomposition's value axis: from the lowest to the highest end of any
+    stacked bar or ΔR_SMC interval (a segment is labelled only when its label fits)."""
+    ends = [0.0]
+    for (_, _), cell in rows.group_by("model", "contrast"):
+        by = {r["estimand"]: r for r in cell.iter_rows(named=True)}
+        stack = [by[f"gap_{t}"]["value"] for t in terms if f"gap_{t}" in by]
+        ends += [sum(v for v in stack if v > 0), sum(v for v in stack if v < 0)]
+        if "R_smc" in by:
+            ends += [by["R_smc"]["ci_low"], by["R_smc"]["ci_high"]]
+    finite = [e for e in ends if e is not None and math.isfinite(e)]
+    return max(max(finite) - min(finite), 1e-12)
 
 
 def plot_decomposition(
@@ -414,9 +529,10 @@ def plot_decomposition(
     where: str = "estimands",
 ) -> plt.Figure:
     """Decomposition bars: ΔR_SMC = occurrence + exposure + rate terms per contrast and model,
-    pooled (SPEC §2); stacked terms (positive up, negative down), ΔR_SMC with its interval as a
-    black marker, and each term's share of ΔR_SMC printed on its segment."""
-    terms = ("occurrence", "exposure", "rate")
+    pooled; stacked hatched terms (positive up, negative down), ΔR_SMC with its interval as a
+    black marker, and each term's share of ΔR_SMC printed on its segment — only where the
+    interval of ΔR_SMC excludes 0 (otherwise the share is unbounded and left out)."""
+    terms = tuple(TERM_STYLES)
     need = ["R_smc", *(f"gap_{t}" for t in terms), *(f"{t}_share" for t in terms)]
     require_estimands(table, need, where, "the decomposition figure")
     contrasts = list(contrasts) if contrasts is not None else contrasts_in(table)
@@ -428,19 +544,13 @@ def plot_decomposition(
         & pl.col("contrast").is_in(contrasts)
         & pl.col("estimand").is_in(need)
     )
-    paper_theme()
-    fig, axes = plt.subplots(
-        1,
-        len(models),
-        figsize=(max(3.2, 1.3 * len(contrasts) + 1.2) * len(models), 4.0),
-        sharey=True,
-        squeeze=False,
-    )
+    width = min(TEXT_WIDTH, max(COLUMN_WIDTH, (0.9 + 0.9 * len(contrasts)) * len(models) + 0.7))
+    fig, axes = new_figure(width, 3.1, 1, len(models), sharey=True)
+    axis_span = _stack_span(rows, terms)
+    hidden = False
     for ax, model in zip(axes[0], models, strict=True):
         cell = rows.filter(pl.col("model") == model)
         values = {(r["contrast"], r["estimand"]): r for r in cell.iter_rows(named=True)}
-        totals = cell.filter(pl.col("estimand") == "R_smc")
-        span = float(np.nanmax(np.abs(totals.select("ci_low", "ci_high", "value").to_numpy())))
         for i, contrast in enumerate(contrasts):
             for name in need:
                 if (contrast, name) not in values:
@@ -448,39 +558,43 @@ def plot_decomposition(
                         f"{where}: estimand {name!r} missing for model {model!r}, contrast "
                         f"{contrast!r} (needed by the decomposition figure)"
                     )
+            total = values[(contrast, "R_smc")]
+            show_shares = not _covers_zero(total)
+            hidden |= not show_shares
+            stack = [values[(contrast, f"gap_{t}")]["value"] for t in terms]
             up, down = 0.0, 0.0
-            for term in terms:
-                v = values[(contrast, f"gap_{term}")]["value"]
+            for term, v in zip(terms, stack, strict=True):
                 share = values[(contrast, f"{term}_share")]["value"]
                 base = up if v >= 0 else down
+                style = TERM_STYLES[term]
                 ax.bar(
                     i,
                     v,
                     bottom=base,
                     width=0.6,
-                    color=_TERM_COLORS[term],
-                    edgecolor="white",
+                    color=style.color,
+                    hatch=style.hatch,
+                    edgecolor="0.25",
                     lw=0.5,
-                    label=term if i == 0 else None,
+                    zorder=2,
                 )
-                if np.isfinite(share) and abs(v) >= 0.12 * span:
+                if show_shares and np.isfinite(share) and abs(v) >= 0.09 * axis_span:
                     ax.text(
                         i,
                         base + v / 2,
                         f"{100 * share:.0f}%",
                         ha="center",
                         va="center",
-                        fontsize=7,
-                        color="white" if term != "occurrence" else "black",
+                        zorder=3,
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},
                     )
                 if v >= 0:
                     up += v
                 else:
                     down += v
-            total = values[(contrast, "R_smc")]
             err = [[total["value"] - total["ci_low"]], [total["ci_high"] - total["value"]]]
             ax.errorbar(
-                i + 0.38,
+                i + 0.4,
                 total["value"],
                 yerr=err,
                 fmt="D",
@@ -488,27 +602,28 @@ def plot_decomposition(
                 color="black",
                 capsize=2.5,
                 lw=1,
-                label=_DELTA_R if i == 0 else None,
+                zorder=3,
             )
-        ax.axhline(0, color="black", lw=0.8)
+        ax.axhline(0, color="black", lw=0.8, zorder=1)
+        ax.use_sticky_edges = False  # a margin beyond 0 too
+        ax.margins(y=0.05)
         ax.set_xticks(range(len(contrasts)), [c.replace(" - ", "\n− ") for c in contrasts])
-        ax.tick_params(axis="x", labelsize=7)
-        ax.yaxis.set_major_formatter(_POINTS)
-        ax.set_title(model, fontsize=9)
-    axes[0][0].set_ylabel(f"token-mismatch gap {_DELTA_R}, pp")
+        ax.set_xlim(-0.6, len(contrasts) - 0.25)
+        ax.grid(axis="x", visible=False)
+        _percent(ax, "")
+        ax.set_title(model)
+    axes[0][0].set_ylabel(f"{_DELTA_R} and its terms, pp")
     level = _level_label(rows.filter(pl.col("estimand") == "R_smc")["ci_level"].to_list())
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.legend(
-        handles,
-        [f"{lab} term" if lab in terms else f"{lab} ({level} interval)" for lab in labels],
-        loc="lower center",
-        ncol=len(labels),
-        frameon=False,
-        fontsize=8,
-        title=f"segments: terms of {_DELTA_R}, labelled with their share of it",
-        title_fontsize=8,
-    )
+    handles = [
+        Patch(facecolor=s.color, hatch=s.hatch, edgecolor="0.25", lw=0.5)
+        for s in TERM_STYLES.values()
+    ]
+    handles.append(Line2D([], [], marker="D", ms=4, color="black", lw=1))
+    labels = [f"{t} term" for t in terms] + [f"{_DELTA_R} ({level} interval)"]
+    note = "labels: share of " + _DELTA_R
+    if hidden:
+        note += "\n(not shown where its interval covers 0)"
+    figure_legend(fig, handles, labels, note, ncol=2)
     return fig
 
 
@@ -523,9 +638,10 @@ def write_study_figures(
 
     ``outputs`` maps names of :data:`FIGURES` to (png, pdf) paths; ``actions`` are the plotted
     actions (default: all in the table; pass the study's compared actions to leave out the
-    control); ``palette_actions`` fixes the colours (default: ``actions``; ``control`` is drawn
-    grey and takes no colour). Every figure is
-    drawn before any file is written, so a missing estimand leaves no partial output.
+    control); ``palette_actions`` fixes the order in which actions take their styles (default:
+    ``actions``, so that a study's first two actions are the high-contrast pair; ``control`` is
+    drawn grey and takes no position). Every figure is drawn before any file is written, so a
+    missing estimand leaves no partial output.
     """
     unknown = sorted(set(outputs) - set(FIGURES))
     if unknown:
@@ -538,11 +654,14 @@ def write_study_figures(
         if absent:
             raise StudyTableError(f"{where}: no rows for action {absent[0]!r}")
     plotted = list(actions) if actions is not None else _actions_in(table)
-    palette = action_palette(list(palette_actions or plotted), control)
+    styles = action_styles(list(palette_actions or plotted), control)
     draw = {
-        "fig5_divergence_cdf": lambda: plot_divergence_cdf(table, plotted, palette, where),
-        "fig6_tv_profiles": lambda: plot_tv_profiles(table, plotted, palette, where),
-        "fig7_branch_contrasts": lambda: plot_branch_endpoints(table, plotted, palette, where),
+        "fig5_divergence_cdf": lambda: plot_divergence_cdf(table, plotted, styles, where),
+        "fig5_divergence_cdf_strata": lambda: plot_divergence_cdf_strata(
+            table, plotted, styles, where
+        ),
+        "fig6_tv_profiles": lambda: plot_tv_profiles(table, plotted, styles, where),
+        "fig7_branch_contrasts": lambda: plot_branch_endpoints(table, plotted, styles, where),
         "decomposition": lambda: plot_decomposition(table, None, where),
     }
     figures = {}

@@ -1,4 +1,4 @@
-"""Figure 1: occurrence versus occupation, the introductory example (SPEC §2, paper §1).
+"""Figure 1: occurrence versus occupation, the introductory example (paper §1).
 
 The reference always emits 0; two interventions emit 1 at the first position with probability
 ε and then continue with 0s (``revert``) or repeat their first token (``persist``). Both have
@@ -17,19 +17,26 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from kvdiverge.plots.base import paper_theme, save_figure  # noqa: E402
+from kvdiverge.plots.base import (  # noqa: E402
+    TEXT_WIDTH,
+    PercentTicks,
+    new_figure,
+    save_figure,
+    series_styles,
+)
 from kvdiverge.risk import exact_path_law, introductory_example  # noqa: E402
 
 __all__ = ["introductory_curves", "plot_introductory_example", "write_introductory_figure"]
 
 _LABELS = {"revert": "returns to agreement", "persist": "stays diverged"}
-_COLORS = {"revert": "#0173b2", "persist": "#d55e00"}
+_STYLES = series_styles(list(_LABELS))
+_TERMS = {"O_H": ("#E69F00", ""), "Pi_H": ("#56B4E9", "////")}  # as the decomposition's terms
 
 
 def introductory_curves(eps: float, H: int) -> dict[str, dict[str, np.ndarray | float]]:
-    """Exact per-step curves of the introductory example (SPEC §2) for both interventions.
+    """Exact per-step curves of the introductory example for both interventions.
 
     Per intervention: ``mismatch`` = P(X_t ≠ Y_t) for t = 1..H, ``div_cdf`` = P(τ ≤ t),
     ``sequence_tv``, ``R_SMC``, ``O_H`` and ``Pi_H`` (exact, from the coupled path law).
@@ -55,17 +62,17 @@ def plot_introductory_example(eps: float, H: int) -> plt.Figure:
     split into occurrence O_H and post-divergence component Π_H against the sequence TV ε."""
     curves = introductory_curves(eps, H)
     t = np.arange(1, H + 1)
-    paper_theme()
-    fig, (ax_m, ax_c, ax_r) = plt.subplots(
-        1, 3, figsize=(11, 3.3), gridspec_kw={"width_ratios": [1.25, 1.25, 1]}
-    )
+    fig, axes = new_figure(TEXT_WIDTH, 2.5, 1, 3, gridspec_kw={"width_ratios": [1, 1, 1]})
+    ax_m, ax_c, ax_r = axes[0]
     top = 1.15 * eps
     for k, (name, c) in enumerate(curves.items()):
+        style = _STYLES[name]
         ax_m.step(
             t,
             c["mismatch"],
             where="mid",
-            color=_COLORS[name],
+            color=style.color,
+            ls=style.linestyle,
             lw=2.2 - 0.9 * k,
             label=_LABELS[name],
         )
@@ -73,48 +80,58 @@ def plot_introductory_example(eps: float, H: int) -> plt.Figure:
             np.concatenate([[0], t]),
             np.concatenate([[0.0], c["div_cdf"]]),
             where="post",
-            color=_COLORS[name],
+            color=style.color,
+            ls=style.linestyle,
             lw=2.2 - 0.9 * k,
-            ls="-" if k == 0 else "--",
             label=_LABELS[name],
         )
     for ax, title, ylabel in (
-        (ax_m, "(a) mismatch probability per step", r"$P(X_t \neq Y_t)$"),
-        (ax_c, "(b) first divergence (identical laws)", r"$P(\tau \leq t)$"),
+        (ax_m, "(a) mismatch per step", r"$P(X_t \neq Y_t)$"),
+        (ax_c, "(b) first divergence (both)", r"$P(\tau \leq t)$"),
     ):
         ax.set_ylim(-0.02 * top, top)
         ax.set_xlim(0.5, H + 0.5)
         ax.xaxis.set_major_locator(MaxNLocator(6, integer=True))
-        ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+        ax.yaxis.set_major_formatter(PercentTicks())
         ax.set_xlabel("generation step $t$")
         ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=9, loc="left")
-    ax_m.legend(frameon=False, fontsize=8, loc="center right")
+        ax.set_title(title)
+    ax_m.legend(loc="center right")
 
     names = list(curves)
     x = np.arange(len(names))
     occurrence = np.array([curves[n]["O_H"] for n in names])
     post = np.array([curves[n]["Pi_H"] for n in names])
-    ax_r.bar(x, occurrence, width=0.55, color="#e6ab02", label=r"occurrence $O_H$")
-    ax_r.bar(
-        x, post, bottom=occurrence, width=0.55, color="#1b9e77", label=r"post-divergence $\Pi_H$"
-    )
+    for bottom, values, key, label in (
+        (None, occurrence, "O_H", r"occurrence $O_H$"),
+        (occurrence, post, "Pi_H", r"post-divergence $\Pi_H$"),
+    ):
+        color, hatch = _TERMS[key]
+        ax_r.bar(
+            x,
+            values,
+            bottom=bottom,
+            width=0.55,
+            color=color,
+            hatch=hatch,
+            edgecolor="0.25",
+            lw=0.5,
+            label=label,
+        )
     seq_tv = curves[names[0]]["sequence_tv"]
     ax_r.axhline(seq_tv, color="black", ls=":", lw=1, label=f"sequence TV = ε = {seq_tv:.0%}")
     for i, n in enumerate(names):
         r = curves[n]["R_SMC"]
         closed = {r"$\varepsilon/H$": eps / H, r"$\varepsilon$": eps}
         form = next((f"{k} = " for k, v in closed.items() if abs(r - v) < 1e-12), "")
-        ax_r.text(
-            i, r + 0.02 * top, rf"$R_{{SMC}}$ = {form}{100 * r:.3g}%", ha="center", fontsize=8
-        )
-    ax_r.set_xticks(x, [_LABELS[n] for n in names])
-    ax_r.set_ylim(0, top * 1.12)
-    ax_r.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+        ax_r.text(i, r + 0.03 * top, f"{form}{100 * r:.3g}%", ha="center", va="bottom")
+    ax_r.set_xticks(x, [_LABELS[n].replace(" ", "\n", 1) for n in names])
+    ax_r.set_ylim(0, top * 1.6)
+    ax_r.grid(axis="x", visible=False)
+    ax_r.yaxis.set_major_formatter(PercentTicks())
     ax_r.set_ylabel(r"$R_{SMC} = O_H + \Pi_H$")
-    ax_r.set_title(f"(c) token-mismatch risk, H = {H}", fontsize=9, loc="left")
-    ax_r.legend(frameon=False, fontsize=7, loc="upper left")
-    fig.tight_layout()
+    ax_r.set_title(f"(c) risk $R_{{SMC}}$, H = {H}")
+    ax_r.legend(loc="upper left", ncol=1, handlelength=1.6)
     return fig
 
 

@@ -1,0 +1,290 @@
+"""Shared-prefix attention: every decoding row attends to a prompt cache held once per row group.
+
+The engine's model calls (``docs/architecture.md``, "Shared-prefix attention") decode many rows
+at once — the reference rows X on the full prompt cache, each action's rows Y and Z on its
+evicted cache. A prompt part is one tensor for all the rows of its group, never copied per row:
+:func:`shared_prefix_attention` (registered with transformers' ``AttentionInterface`` as
+:data:`ATTENTION_NAME`) scores each group's queries against its prompt part in one batched
+product, scores each row's own generated entries (:class:`RowCache`) separately, and merges the
+two exactly by their log-sum-exp. Fused kernels that return the log-sum-exp are used where one is
+validated for the device and dtype (:func:`_fused_kernel`), else the plain float32 path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+__all__ = [
+    "ATTENTION_NAME",
+    "RowCache",
+    "SharedPrefix",
+    "attention_implementation",
+    "shared_prefix_attention",
+]
+
+log = logging.getLogger(__name__)
+
+ATTENTION_NAME = "kvdiverge_shared_prefix"
+
+
+@dataclass
+class SharedPrefix:
+    """The shared prompt parts of a model call (passed as the ``kvd_prefix`` kwarg).
+
+    Row group g — the batch rows ``rows[g]`` (a LongTensor) — attends to the prompt part
+    ``prompts[g][l] = (keys, values)`` of layer l, each of shape (H_kv, n_g, d): the full cache
+    for the X rows, an action's evicted cache for its Y and Z rows. A prompt part is one tensor
+    for all its rows, never copied per row (docs/architecture.md, "Shared-prefix attention").
+    """
+
+    rows: list[torch.Tensor]
+    prompts: list[list[tuple[torch.Tensor, torch.Tensor]]]
+    fused: bool = True  # use a validated fused attention kernel where one exists
+
+
+class RowCache:
+    """Decode cache holding only each row's own generated entries.
+
+    Preallocated (B, H_kv, capacity, d) per layer for up to B rows. A model call runs the
+    first ``rows`` of them (all by default); ``update`` appends the step's entries of those
+    rows and returns their filled part (views, no copy). Every running row advances one entry
+    per step; :meth:`copy_rows` starts a new row from another row's history.
+    """
+
+    is_compileable = False
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (batch, n_kv_heads, capacity, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.lengths = [0] * n_layers
+        self.rows = batch
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        cache_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (rows, H_kv, q, d) entries for layer ``layer_idx``; return all of that layer's."""
+        start = self.lengths[layer_idx]
+        stop = start + key_states.shape[-2]
+        rows = self.rows
+        self.keys[layer_idx][:rows, :, start:stop] = key_states
+        self.values[layer_idx][:rows, :, start:stop] = value_states
+        self.lengths[layer_idx] = stop
+        return self.keys[layer_idx][:rows, :, :stop], self.values[layer_idx][:rows, :, :stop]
+
+    def copy_rows(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Give rows ``target`` the generated entries held so far by rows ``source``."""
+        for layer, length in enumerate(self.lengths):
+            for part in (self.keys[layer], self.values[layer]):
+                part[target, :, :length] = part[source, :, :length]
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only rows ``rows`` (in that order), moved to the front."""
+        for layer, length in enumerate(self.lengths):
+            for part in (self.keys[layer], self.values[layer]):
+                part[: rows.numel(), :, :length] = part[rows, :, :length]
+        self.rows = rows.numel()
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Generated entries held for ``layer_idx`` (the prompt part is not in this cache)."""
+        return self.lengths[layer_idx]
+
+
+_MAX_SCORES = 1 << 26  # float32 scores held at once by the plain path (256 MiB)
+
+
+def _math_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of (…, s, d) queries over (…, n, d) keys: (output, log-sum-exp).
+
+    Scores, softmax and the weighted sum run in float32 whatever the model dtype (bf16 scores
+    would lose the precision SDPA keeps internally).
+    """
+    s, n = q.shape[-2], k.shape[-2]
+    chunk = max(1, _MAX_SCORES // max(1, n * q[..., :1, :1].numel()))
+    if s > chunk:  # bound the transient score matrix: split the queries
+        parts = [_math_attention(q[..., i : i + chunk, :], k, v, scale) for i in range(0, s, chunk)]
+        return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
+    scores = torch.matmul(q.float() * scale, k.float().transpose(-1, -2))
+    m = scores.amax(dim=-1, keepdim=True)
+    weights = scores.sub_(m).exp_()
+    total = weights.sum(dim=-1, keepdim=True)
+    out = torch.matmul(weights, v.float()) / total
+    return out, (m + total.log()).squeeze(-1)
+
+
+def _attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, fused: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, h, s, d) × (B, h, n, d) → normalised output (float32) and log-sum-exp (B, h, s).
+
+    A fused attention kernel that also returns the log-sum-exp where one is available and
+    validated for the device and dtype (:func:`_fused_kernel`: CPU flash attention; on CUDA
+    flash attention for fp16/bf16, else memory-efficient attention), otherwise the plain
+    matmul–softmax path (always with ``fused=False``). The fused kernels never hold the score
+    matrix.
+    """
+    kernel = _fused_kernel(q) if fused else None
+    if kernel is not None and q.numel() and k.numel():  # (fused kernels may fault on empty)
+        try:
+            out, lse = kernel(q, k, v, scale)
+            return out.float(), lse.float()
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+            key = (q.device.type, q.dtype, q.shape[-1])
+            log.warning("fused attention %s failed (%s); using the plain path", key, exc)
+            _FUSED[key] = None
+    return _math_attention(q, k, v, scale)
+
+
+def _cpu_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> Any:
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=None, scale=scale
+    )
+
+
+def _cuda_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> Any:
+    return torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, False, False, scale=scale
+    )[:2]
+
+
+def _cuda_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> Any:
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, False, scale=scale
+    )[:2]
+    return out, lse[..., : q.shape[-2]]  # the log-sum-exp may be padded along the queries
+
+
+_FUSED: dict[tuple[str, torch.dtype, int], Any] = {}
+_FUSED_CANDIDATES = {"cpu": (_cpu_flash,), "cuda": (_cuda_flash, _cuda_efficient)}
+
+
+def _fused_kernel(q: torch.Tensor) -> Any:
+    """The fused kernel for ``q``'s device type, dtype and head size, or ``None``.
+
+    The first candidate that runs and agrees with :func:`_math_attention` on a small random
+    problem (output and log-sum-exp, to the dtype's tolerance) is kept for the process; a
+    kernel missing from this torch build, unsupported for the dtype or returning another
+    convention is never used.
+    """
+    key = (q.device.type, q.dtype, q.shape[-1])
+    if key not in _FUSED:
+        candidates = _FUSED_CANDIDATES.get(q.device.type, ())
+        _FUSED[key] = next(
+            (f for f in candidates if _kernel_agrees(f, q.dtype, q.device, q.shape[-1])), None
+        )
+        if _FUSED[key] is None and candidates:
+            log.info("no fused attention kernel for %s; using the plain path", key)
+    return _FUSED[key]
+
+
+def _kernel_agrees(kernel: Any, dtype: torch.dtype, device: torch.device, d: int) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn((2, 2, s, d), generator=gen).to(device, dtype) for s in (5, 37, 37))
+    scale = d**-0.5
+    try:
+        out, lse = kernel(q, k, v, scale)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
+        return False
+    ref_out, ref_lse = _math_attention(q, k, v, scale)
+    tol = 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
+    return (
+        tuple(out.shape) == tuple(ref_out.shape)
+        and tuple(lse.shape) == tuple(ref_lse.shape)
+        and torch.allclose(out.float(), ref_out, atol=tol, rtol=tol)
+        and torch.allclose(lse.float(), ref_lse, atol=tol, rtol=tol)
+    )
+
+
+def shared_prefix_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention over (shared prompt part) ∪ (each row's own generated part), merged exactly.
+
+    ``query`` (B, H, q, d); ``key``/``value`` (B, H_kv, t, d) are the rows' own entries (from
+    :class:`RowCache`, the current one included). The shared prompt part arrives as the
+    ``kvd_prefix`` kwarg (:class:`SharedPrefix`); each row group's queries (grouped-query
+    heads folded) are scored against its prompt part in one product. Without it this is plain
+    SDPA attention. Each part gives a normalised output and its log-sum-exp; the exact softmax
+    over the union is their mix with weight sigmoid(lse_prompt − lse_own) (log-sum-exp merge,
+    docs/architecture.md, "Shared-prefix attention").
+    The signature is transformers' own (``sdpa_attention_forward``'s order: ``dropout`` before
+    ``scaling``), so wrappers that pass ``dropout`` by position, as kvpress's does, work.
+    Returns (B, q, H, d) like transformers' attention functions.
+    """
+    prefix: SharedPrefix | None = kwargs.pop("kvd_prefix", None)
+    if prefix is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    batch, n_heads, q_len, d = query.shape
+    if q_len != 1:
+        raise ValueError("shared_prefix_attention decodes one token per row and step")
+    n_kv = key.shape[1]
+    groups = n_heads // n_kv
+    scale = float(scaling if scaling is not None else d**-0.5)
+    q = query.reshape(batch, n_kv, groups, d)
+    # (B, H_kv, G, d), (B, H_kv, G)
+    o_own, lse_own = _attention_with_lse(q, key, value, scale, prefix.fused)
+    o_pre = torch.empty_like(o_own)
+    lse_pre = torch.empty_like(lse_own)
+    for rows, prompt in zip(prefix.rows, prefix.prompts, strict=True):
+        pk, pv = prompt[module.layer_idx]
+        n_rows = rows.numel()
+        if n_rows == 0:  # every row of this group has ended
+            continue
+        qg = q.index_select(0, rows).transpose(0, 1).reshape(1, n_kv, n_rows * groups, d)
+        o, lse = _attention_with_lse(qg, pk[None], pv[None], scale, prefix.fused)
+        o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
+        lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
+    # Each row's weights are padded to a multiple of 16 lanes so that the vectorised sigmoid
+    # treats every row alike (a CPU kernel's scalar tail could otherwise round the last rows
+    # differently, and the full control would no longer reproduce the reference bit for bit).
+    diff = (lse_pre - lse_own).reshape(batch, n_heads)
+    diff = torch.nn.functional.pad(diff, (0, (-n_heads) % 16))
+    weight = torch.sigmoid(diff)[:, :n_heads].reshape(batch, n_kv, groups, 1)
+    out = o_own + weight * (o_pre - o_own)
+    return out.reshape(batch, n_heads, 1, d).transpose(1, 2).to(query.dtype), None
+
+
+AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)
+
+
+@contextlib.contextmanager
+def attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Run ``model`` with the registered attention function ``name`` inside the block."""
+    old = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(old)

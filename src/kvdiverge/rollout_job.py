@@ -1,0 +1,271 @@
+"""The rollout job: a stratum's documents → coupled rollouts of every action → trajectory files.
+
+One job of rule ``rollout_<study>`` (``docs/architecture.md``, "Rollout jobs"): read the
+documents of the job's cohorts, load the model once, run every document through
+:func:`kvdiverge.decode.rollout_document_actions` (one prefill per document for all actions),
+convert the results to the trajectory table (:data:`kvdiverge.trajectories.TRAJECTORY_SCHEMA`,
+one row per document, replicate and step) and write one file per action with its metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from kvdiverge.decode import DocumentRollout, RolloutSettings, rollout_document_actions
+from kvdiverge.eviction import ActionSpec, parse_action
+from kvdiverge.trajectories import TRAJECTORY_SCHEMA
+
+__all__ = [
+    "TIMING_KEYS",
+    "rollout_documents_actions",
+    "run_stratum_rollout_job",
+    "select_documents",
+    "select_job_documents",
+    "trajectory_frame",
+]
+
+log = logging.getLogger(__name__)
+
+TIMING_KEYS = ("documents", "paths", "prefill_seconds", "selection_seconds", "decode_seconds")
+
+
+def trajectory_frame(rollouts: Iterable[DocumentRollout]) -> pl.DataFrame:
+    """Long table of the trajectory contract: one row per (document, replicate, step)."""
+    frames = []
+    for r in rollouts:
+        k, h = r.x_token.shape
+        frames.append(
+            pl.DataFrame(
+                {
+                    "doc_id": np.repeat(np.array([r.doc_id], dtype=object), k * h),
+                    "replicate": np.repeat(r.replicates, h),
+                    "t": np.tile(np.arange(1, h + 1), k),
+                    "x_token": r.x_token.reshape(-1),
+                    "y_token": r.y_token.reshape(-1),
+                    "mismatch": (r.x_token != r.y_token).reshape(-1),
+                    "tv_rollout": r.tv_rollout.reshape(-1),
+                    "tv_fixed": r.tv_fixed.reshape(-1),
+                    "x_eos": r.x_eos.reshape(-1),
+                    "y_eos": r.y_eos.reshape(-1),
+                    "n_prompt": np.full(k * h, r.n_prompt),
+                    "n_kept": np.full(k * h, r.n_kept),
+                },
+                schema_overrides={"doc_id": pl.String},
+            ).cast(TRAJECTORY_SCHEMA)
+        )
+    if not frames:
+        return pl.DataFrame(schema=TRAJECTORY_SCHEMA)
+    return pl.concat(frames)
+
+
+def rollout_documents_actions(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    documents: Iterable[tuple[str, str, Mapping[str, int]]],
+    actions: Sequence[ActionSpec | Mapping[str, Any]],
+    eos_ids: Sequence[int],
+    settings: RolloutSettings,
+    progress: Any = None,
+    timing: dict[str, dict[str, float]] | None = None,
+) -> dict[str, pl.DataFrame]:
+    """Coupled rollouts of many documents under several actions: one §3.2 table per action.
+
+    ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
+    mapping does not run it. Each prompt is wrapped by the tokenizer's chat template
+    and prefilled once for all its actions (:func:`rollout_document_actions`). Each action's
+    table lists its documents in the order given. ``progress``: optional tqdm-like object
+    updated once per document. ``timing``: optional dict filled with, per action name, the
+    sums over its documents of ``documents``, ``paths`` and the seconds of
+    :func:`rollout_document_actions` (``prefill_seconds``: each document's shared prefill,
+    counted in full for every action that runs it; ``selection_seconds``; ``decode_seconds``).
+    """
+    from kvdiverge.models import chat_prompt_ids
+
+    specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
+    rollouts: dict[str, list[DocumentRollout]] = {a.name: [] for a in specs}
+    rows = settings.max_batch_rows
+    for doc_id, prompt, counts in documents:
+        unknown = [name for name in counts if name not in rollouts]
+        if unknown:
+            raise ValueError(f"document {doc_id}: replicates for unknown action(s) {unknown}")
+        running = [a for a in specs if a.name in counts]
+        if running:
+            ids = chat_prompt_ids(tokenizer, prompt)
+            results = rollout_document_actions(
+                model, ids, running, doc_id, counts, eos_ids, replace(settings, max_batch_rows=rows)
+            )
+            for name, result in results.items():
+                per = result.rows_per_replicate
+                if result.batch_rows < min(max(1, rows // per), len(result.replicates)) * per:
+                    rows = result.batch_rows  # an out-of-memory split: keep the size that fitted
+                rollouts[name].append(result)
+                if timing is not None:
+                    sums = timing.setdefault(name, dict.fromkeys(TIMING_KEYS, 0))
+                    sums["documents"] += 1
+                    sums["paths"] += len(result.replicates)
+                    sums["prefill_seconds"] += result.prefill_seconds
+                    sums["selection_seconds"] += result.selection_seconds
+                    sums["decode_seconds"] += result.decode_seconds
+        if progress is not None:
+            progress.update(1)
+    return {name: trajectory_frame(results) for name, results in rollouts.items()}
+
+
+DOCUMENT_COLUMNS = ("doc_id", "cohort", "prompt")
+
+
+def select_documents(
+    path: str | os.PathLike, cohorts: Mapping[str, int]
+) -> list[tuple[str, str, int]]:
+    """``(doc_id, prompt, K)`` for the documents of ``path`` in ``cohorts``.
+
+    ``cohorts`` maps a cohort name to its replicate count (e.g. ``{dev: K_dev, study1: K}``).
+    Sorted by cohort order, then doc_id. A missing column is one clear error naming the file.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowInvalid) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{path}: not a readable documents Parquet file ({reason})") from exc
+    missing = [c for c in DOCUMENT_COLUMNS if c not in names]
+    if missing:
+        raise ValueError(f"{path}: documents table lacks column(s) {', '.join(missing)}")
+    frame = pl.read_parquet(path, columns=list(DOCUMENT_COLUMNS))
+    if frame["doc_id"].n_unique() != frame.height:
+        raise ValueError(f"{path}: doc_id values are not unique")
+    out = []
+    for cohort, k in cohorts.items():
+        rows = frame.filter(pl.col("cohort") == cohort).sort("doc_id")
+        out.extend((d, p, int(k)) for d, p in zip(rows["doc_id"], rows["prompt"], strict=True))
+    return out
+
+
+def select_job_documents(
+    path: str | os.PathLike, cohorts: Mapping[str, Mapping[str, int]]
+) -> list[tuple[str, str, dict[str, int]]]:
+    """``(doc_id, prompt, {action: K})`` for a job of several actions.
+
+    ``cohorts[action]`` maps cohort → K as in :func:`select_documents`. Documents come in the
+    order of the first action that runs them (each action's own order is the same when the
+    actions list the same cohorts, as a study's do).
+    """
+    order: dict[str, tuple[str, dict[str, int]]] = {}
+    for action, per_cohort in cohorts.items():
+        for doc_id, prompt, k in select_documents(path, per_cohort):
+            order.setdefault(doc_id, (prompt, {}))[1][action] = k
+    return [(doc_id, prompt, counts) for doc_id, (prompt, counts) in order.items()]
+
+
+def _load(model: Mapping[str, Any], device: str) -> tuple[torch.nn.Module, Any]:
+    from kvdiverge.models import load_model, load_tokenizer
+
+    trust = bool(model.get("trust_remote_code", False))
+    lm = load_model(
+        model["path"],
+        device=device,
+        dtype=model.get("dtype", "auto"),
+        revision=model.get("revision"),
+        trust_remote_code=trust,
+    )
+    tokenizer = load_tokenizer(
+        model["path"], trust_remote_code=trust, revision=model.get("revision")
+    )
+    return lm, tokenizer
+
+
+def run_stratum_rollout_job(
+    documents_path: str | os.PathLike,
+    out_paths: Mapping[str, str | os.PathLike],
+    model: Mapping[str, Any],
+    actions: Mapping[str, Mapping[str, Any]],
+    cohorts: Mapping[str, Mapping[str, int]],
+    settings: RolloutSettings,
+    device: str = "auto",
+    log_file: Any = None,
+) -> dict[str, pl.DataFrame]:
+    """One rollout job of the pipeline: a stratum's documents under every action of a study →
+    one trajectory file per action.
+
+    The model loads once and each document is prefilled once for all actions
+    (:func:`rollout_documents_actions`); every file equals the one a job of that action alone
+    writes up to floating-point rounding of δ and f. ``out_paths``,
+    ``actions`` (spec dicts) and ``cohorts`` (cohort → K) are keyed by action name. Inputs are
+    checked before the model loads; progress (one tick per document) goes to ``log_file``.
+    Each file's metadata key ``timing`` holds the action's measured seconds
+    (``rollout_documents_actions``'s ``timing``; sample-size planning reads them): the only
+    part of a file that differs between reruns.
+    """
+    from tqdm import tqdm
+
+    from kvdiverge.models import eos_token_ids
+    from kvdiverge.trajectories import write_trajectories
+
+    for name, spec in actions.items():
+        if spec.get("name", name) != name:
+            raise ValueError(f"actions.{name}: the spec is named {spec['name']!r}")
+    specs = {name: parse_action(spec, name=name) for name, spec in actions.items()}
+    for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
+        if set(given) != set(specs):
+            raise ValueError(
+                f"{field}: expected one entry per action ({', '.join(specs)}), "
+                f"got {', '.join(given) or 'none'}"
+            )
+    documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
+    if not documents:
+        log.warning("%s: no documents of the job's cohorts", documents_path)
+    lm, tokenizer = _load(model, device)
+    eos = eos_token_ids(lm, tokenizer)
+    log.info(
+        "model %s (%s, %s on %s); actions %s; %d documents; H=%d; EOS %s",
+        model.get("name", model["path"]),
+        model["path"],
+        lm.dtype,
+        lm.device,
+        ", ".join(s.name for s in specs.values()),
+        len(documents),
+        settings.H,
+        eos,
+    )
+    timing: dict[str, dict[str, float]] = {}
+    with tqdm(total=len(documents), file=log_file, unit="doc", mininterval=1.0) as bar:
+        frames = rollout_documents_actions(
+            lm,
+            tokenizer,
+            documents,
+            list(specs.values()),
+            eos,
+            settings,
+            progress=bar,
+            timing=timing,
+        )
+    out = {}
+    for name, spec in specs.items():
+        frame = frames[spec.name]
+        metadata = {
+            "model": {"name": model.get("name"), "path": str(model["path"])},
+            "revision": model.get("revision"),
+            "action": spec.as_dict(),
+            "H": settings.H,
+            "K": dict(cohorts[name]),
+            "seed": settings.seed,
+            "coupling": settings.coupling,
+            "dtype": str(lm.dtype).removeprefix("torch."),
+            "device": str(lm.device),
+            "eos_ids": list(eos),
+            "n_documents": frame["doc_id"].n_unique(),
+            "timing": timing.get(spec.name, dict.fromkeys(TIMING_KEYS, 0)),
+        }
+        write_trajectories(frame, out_paths[name], metadata)
+        out[name] = frame
+    return out
