@@ -1,0 +1,116 @@
+"""Rerun fingerprints derived from the code: the package modules a workflow script reaches.
+
+Snakemake reruns a job when its params change, but it does not track the Python modules a
+script imports. Each rule therefore passes ``code=script_fingerprint(<its script>)``: a digest
+of the source of every ``kvdiverge`` module the script reaches by import, found by reading the
+import statements (anywhere in a file, function-level imports included) transitively, without
+importing anything. Editing a module reruns exactly the rules whose scripts reach it; nobody
+keeps a list by hand (``docs/architecture.md``, "Reruns").
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import os
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+
+__all__ = ["PACKAGE", "imported_modules", "module_file", "script_fingerprint"]
+
+PACKAGE = "kvdiverge"
+
+
+@cache
+def module_file(name: str) -> Path | None:
+    """The source file of module or package ``name`` (a package's ``__init__.py``), or ``None``
+    when there is no such module. Nothing is imported."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin)
+
+
+def _parents(name: str) -> list[str]:
+    """``a.b.c`` → ``[a, a.b]``: the packages whose ``__init__`` runs before ``a.b.c``."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _direct_imports(path: Path, own: str | None) -> set[str]:
+    """Package modules named by the import statements of the file ``path`` (module ``own``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the importing module's package
+                if own is None:
+                    continue
+                is_package = path.name == "__init__.py"
+                base = own.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found.add(module)
+            # `from pkg import sub` imports the submodule `pkg.sub` when there is one
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return {
+        name
+        for name in found
+        if (name == PACKAGE or name.startswith(PACKAGE + ".")) and module_file(name) is not None
+    }
+
+
+def imported_modules(entries: Iterable[str | os.PathLike]) -> list[str]:
+    """Every package module reached by import from ``entries``, sorted.
+
+    An entry is a script path (a ``.py`` file outside the package) or a module name. The
+    result holds the modules the entries import, what those import in turn, and the packages
+    above each of them (their ``__init__`` runs too).
+    """
+    pending: list[tuple[Path, str | None]] = []
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        for module in [*_parents(name), name]:
+            if module not in seen and (source := module_file(module)) is not None:
+                seen.add(module)
+                pending.append((source, module))
+
+    for entry in entries:
+        text = str(entry)
+        if text.endswith(".py") or os.sep in text:
+            path = Path(text)
+            if not path.is_file():
+                raise FileNotFoundError(f"script_fingerprint: no script {text!r}")
+            pending.append((path, None))
+        elif module_file(text) is None:
+            raise ModuleNotFoundError(f"script_fingerprint: no module named {text!r}")
+        else:
+            visit(text)
+    while pending:
+        path, own = pending.pop()
+        for name in _direct_imports(path, own):
+            visit(name)
+    return sorted(seen)
+
+
+def script_fingerprint(*entries: str | os.PathLike) -> str:
+    """SHA-256 (first 16 hex digits) of the names and sources of
+    :func:`imported_modules` ``(entries)``: a ``params:`` entry that changes exactly when a
+    module the rule's script reaches changes. The scripts themselves are not hashed
+    (Snakemake already reruns a job whose script changed)."""
+    digest = hashlib.sha256()
+    for name in imported_modules(entries):
+        digest.update(name.encode() + b"\0")
+        digest.update(module_file(name).read_bytes())
+    return digest.hexdigest()[:16]
