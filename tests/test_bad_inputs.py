@@ -131,6 +131,14 @@ CONFIG_CASES = {
         _set("rollout.H", 64),
         "config.datasets.generation_reserve: 32 leaves less room than the rollout.H = 64",
     ),
+    "EOS without a third token": (
+        _set("finite_state.n_tokens", 2),
+        "config.finite_state.n_tokens: expected at least 3 when eos_prob > 0",
+    ),
+    "figure of a system that does not exist": (
+        _set("finite_state.interval_figure_systems", [0, 25]),
+        "config.finite_state.interval_figure_systems: expected system indices < n_systems (25)",
+    ),
     # models
     "demo and source together": (
         _set("models.tiny-llama.source", {"gguf": "x.gguf"}),
@@ -635,7 +643,8 @@ TRAJECTORY_CASES = {
             .otherwise(pl.col("x_eos"))
         ),
         {},
-        "doc_id 'ruler-1/dev/000' replicate 1 step 6: x_eos is false after EOS at step 5",
+        "doc_id 'ruler-1/dev/000' replicate 1 step 6: x_eos is false after EOS at step 5 "
+        "(EOS flags stay true once set)",
     ),
     "cache larger than the prompt": (
         lambda f: _at_step(f, n_kept=101),
@@ -732,7 +741,7 @@ def test_nan_delta_stops_the_analysis_before_any_estimand(synthetic, tmp_path):
     )
 
 
-# ---- faults: killed writes, killed jobs, logs ------------------------------------------------------
+# ---- faults: killed writes, killed jobs, logs --------------------------------------------------
 def _python(code: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
@@ -863,7 +872,7 @@ def test_a_failing_script_writes_its_traceback_to_its_log_and_one_line_to_the_co
     assert not stale.exists()
 
 
-# ---- real Snakemake runs: a few cases end to end ---------------------------------------------------
+# ---- real Snakemake runs: a few cases end to end -----------------------------------------------
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     return workflow_copy(tmp_path_factory.mktemp("bad-inputs"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
@@ -11,11 +13,14 @@ from transformers import AutoModelForCausalLM
 from kvdiverge.eviction import (
     SELECTORS,
     ActionError,
+    ScoredSelector,
     Selector,
     budget_tokens,
     kept_positions,
     parse_action,
     register_selector,
+    run_prefill,
+    select_positions,
 )
 from kvdiverge.models import build_demo_model, chat_prompt_ids, load_model, load_tokenizer
 
@@ -239,3 +244,80 @@ def test_snapkv_kept_sets_equal_kvpress_own_compression(demo, dtype):
                 theirs = same.float().argmax(-1).sort().values  # positions of kvpress's keys
                 assert same.any(-1).all()
                 assert torch.equal(theirs, ours[layer, head].to(theirs.device)), (ratio, layer)
+
+
+def test_selectors_own_their_parameters():
+    """Each selector declares its parameters and defaults; an action records them all."""
+    snap = parse_action({"selector": "snapkv", "budget": 0.5, "window": 32}, name="s")
+    assert snap.as_dict() == {
+        "name": "s",
+        "selector": "snapkv",
+        "budget": 0.5,
+        "window": 32,
+        "kernel": 5,
+    }
+    assert snap.window == 32 and snap.method.window == 32 and snap.params["kernel"] == 5
+    recent = parse_action({"selector": "recent", "budget": 0.5}, name="r")
+    assert recent.as_dict() == {"name": "r", "selector": "recent", "budget": 0.5, "sinks": 4}
+    full = parse_action({"selector": "full"}, name="full")
+    assert full.as_dict() == {"name": "full", "selector": "full", "budget": None}
+    assert full.keeps_everything and not snap.keeps_everything and full.n_keep(37) == 37
+    # old callers: SELECTORS[name] runs the action's own selector (its own window)
+    assert SELECTORS["snapkv"].query_window(snap) == 32
+    with pytest.raises(ActionError, match="32-token observation window"):
+        SELECTORS["snapkv"].check(snap, 20, 10)
+    cases = [
+        (
+            {"selector": "recent", "budget": 0.5, "window": 8},
+            "actions.bad.window: not a parameter of selector 'recent' (its parameters: sinks)",
+        ),
+        (
+            {"selector": "snapkv", "budget": 0.5, "window": 8.0},
+            "actions.bad.window: expected an integer, got 8.0",
+        ),
+        (
+            {"selector": "recent", "budget": 0.5, "sinks": True},
+            "actions.bad.sinks: expected an integer, got True",
+        ),
+        ({"selector": "full", "sinks": 4}, "actions.bad.sinks: not a parameter of selector"),
+    ]
+    for spec, message in cases:
+        with pytest.raises(ActionError) as info:
+            parse_action(spec, name="bad")
+        assert str(info.value).startswith(message), str(info.value)
+
+
+def test_scored_selector_keeps_always_kept_then_top_scores(demo):
+    """The scored-selector base: always-kept positions, then the top-scored rest, sorted."""
+    _, model, ids = demo
+    n = len(ids)
+
+    @register_selector
+    @dataclass(frozen=True)
+    class KeyNorm(ScoredSelector):
+        name = "keynorm-test"
+        sinks: int = 3
+
+        def always_kept(self, n):
+            return range(self.sinks)
+
+        def score(self, prefill, action, layer):
+            return prefill.keys[layer].float().norm(dim=-1)
+
+    try:
+        action = parse_action({"selector": "keynorm-test", "budget": 0.25}, name="k")
+        prefill = run_prefill(model, ids)
+        kept = select_positions(prefill, action)
+        assert kept.shape[-1] == budget_tokens(n, 0.25)
+        for layer, keys in enumerate(prefill.keys):
+            norms = keys.float().norm(dim=-1)
+            for head, positions in enumerate(kept[layer]):
+                assert positions[:3].tolist() == [0, 1, 2]
+                assert bool((positions.diff() > 0).all())
+                evicted = torch.ones(n, dtype=torch.bool)
+                evicted[positions] = False
+                # every kept position scores at least as high as every evicted one (ties: the
+                # prompt repeats, so equal tokens have equal key norms in layer 0)
+                assert norms[head, positions[3:]].min() >= norms[head, evicted].max()
+    finally:
+        del SELECTORS["keynorm-test"]

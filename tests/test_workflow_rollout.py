@@ -16,6 +16,11 @@ from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
 FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
 SMALL = {
     "rollout": {"H": 10},
+    # study 1 without snapkv-512 here: its contrasts and prediction pair follow
+    "analysis": {
+        "contrasts": {"study1": [["recent-half", "snapkv-half"]], "study2": []},
+        "prediction": {"pairs": {"study1": ["recent-half", "snapkv-half"]}},
+    },
     "studies": {
         "study1": {"actions": ["snapkv-half", "recent-half", "full"], "K": 3, "K_dev": 2},
         "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 1, "K_control": 1},

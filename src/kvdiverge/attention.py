@@ -43,6 +43,9 @@ class SharedPrefix:
     ``prompts[g][l] = (keys, values)`` of layer l, each of shape (H_kv, n_g, d): the full cache
     for the X rows, an action's evicted cache for its Y and Z rows. A prompt part is one tensor
     for all its rows, never copied per row (docs/architecture.md, "Shared-prefix attention").
+    A ragged part (KV heads keeping different counts, e.g. kvpress's AdaKV) is padded to its
+    longest head and carries a third element, ``mask`` (H_kv, n_g), false at the padding: those
+    entries get no attention weight.
     """
 
     rows: list[torch.Tensor]
@@ -115,23 +118,36 @@ _MAX_SCORES = 1 << 26  # float32 scores held at once by the plain path (256 MiB)
 
 
 def _math_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of (…, s, d) queries over (…, n, d) keys: (output, log-sum-exp).
 
     Scores, softmax and the weighted sum run in float32 whatever the model dtype (bf16 scores
-    would lose the precision SDPA keeps internally).
+    would lose the precision SDPA keeps internally). ``bias`` (…, 1, n): added to the scores
+    (−inf masks a key out; a row with every key masked gives output 0 and log-sum-exp −inf).
     """
     s, n = q.shape[-2], k.shape[-2]
     chunk = max(1, _MAX_SCORES // max(1, n * q[..., :1, :1].numel()))
     if s > chunk:  # bound the transient score matrix: split the queries
-        parts = [_math_attention(q[..., i : i + chunk, :], k, v, scale) for i in range(0, s, chunk)]
+        parts = [
+            _math_attention(q[..., i : i + chunk, :], k, v, scale, bias) for i in range(0, s, chunk)
+        ]
         return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
     scores = torch.matmul(q.float() * scale, k.float().transpose(-1, -2))
+    if bias is not None:
+        scores = scores.add_(bias)
     m = scores.amax(dim=-1, keepdim=True)
+    if bias is not None:
+        m = m.clamp_min(torch.finfo(m.dtype).min)  # every key masked: weights 0, not NaN
     weights = scores.sub_(m).exp_()
     total = weights.sum(dim=-1, keepdim=True)
     out = torch.matmul(weights, v.float()) / total
+    if bias is not None:
+        out = out.nan_to_num_(0.0)
     return out, (m + total.log()).squeeze(-1)
 
 
@@ -258,12 +274,17 @@ def shared_prefix_attention(
     o_pre = torch.empty_like(o_own)
     lse_pre = torch.empty_like(lse_own)
     for rows, prompt in zip(prefix.rows, prefix.prompts, strict=True):
-        pk, pv = prompt[module.layer_idx]
+        pk, pv, *mask = prompt[module.layer_idx]
         n_rows = rows.numel()
         if n_rows == 0:  # every row of this group has ended
             continue
         qg = q.index_select(0, rows).transpose(0, 1).reshape(1, n_kv, n_rows * groups, d)
-        o, lse = _attention_with_lse(qg, pk[None], pv[None], scale, prefix.fused)
+        if mask:  # ragged KV heads: the padding masked out, on the plain path
+            bias = torch.zeros(mask[0].shape, dtype=torch.float32, device=mask[0].device)
+            bias = bias.masked_fill_(~mask[0], float("-inf"))[None, :, None, :]
+            o, lse = _math_attention(qg, pk[None], pv[None], scale, bias)
+        else:
+            o, lse = _attention_with_lse(qg, pk[None], pv[None], scale, prefix.fused)
         o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
         lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
     # Each row's weights are padded to a multiple of 16 lanes so that the vectorised sigmoid

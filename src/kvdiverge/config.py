@@ -13,7 +13,8 @@ parse time (``workflow/rules/common.smk``) and raises :class:`ConfigError` with 
   studies' cohorts and controls, contrasts, prediction pairs, figure contrasts, family
   estimands, the length tokenizer) and every combination that would fail later (the analysis
   clock against ``rollout.H``, the generation reserve against H, the actions' budgets against
-  the strata's prompt lengths, the development documents prediction and planning need);
+  the strata's prompt lengths, the development documents prediction and planning need, the
+  finite-state study's EOS token and figure systems);
 * :func:`check_config`: all of the above, in that order.
 """
 
@@ -246,6 +247,22 @@ def _check_models(config: Mapping[str, Any]) -> None:
             raise ConfigError(f"{where}.train: only a `demo` model is trained; remove `train`")
 
 
+def keeps_everything(action: Any) -> bool:
+    """Whether a parsed action keeps every entry whatever the prompt (the full-retention
+    control)."""
+    flag = getattr(action, "keeps_everything", None)
+    return bool(flag) if flag is not None else action.selector == "full"
+
+
+def check_action(action: Any, n: int, n_keep: int) -> None:
+    """The action's selector's own check of an n-token prompt keeping n_keep < n entries
+    (:class:`kvdiverge.eviction.ActionError` when it cannot act on it)."""
+    from kvdiverge.eviction import SELECTORS
+
+    method = getattr(action, "method", None) or SELECTORS[action.selector]
+    method.check(action, n, n_keep)
+
+
 def _parse_actions(config: Mapping[str, Any]) -> dict[str, Any]:
     from kvdiverge.eviction import ActionError, parse_action
 
@@ -281,7 +298,7 @@ def _check_studies(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
                 f"{where}.control: {control!r} is not one of the study's actions "
                 f"({_names(spec['actions'])})"
             )
-        if actions[control].selector != "full":
+        if not keeps_everything(actions[control]):
             raise ConfigError(
                 f"{where}.control: {control!r} uses selector {actions[control].selector!r}; the "
                 "control must keep every entry (selector full)"
@@ -434,14 +451,14 @@ def _check_budgets(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
     """Every action a study runs, at every stratum's longest prompt (target_tokens −
     generation_reserve under the length tokenizer): it evicts something, keeps at least one
     entry, and leaves room for what its selector always keeps (window, sinks)."""
-    from kvdiverge.eviction import SELECTORS, ActionError
+    from kvdiverge.eviction import ActionError
 
     datasets = config.get("datasets", {})
     reserve = datasets.get("generation_reserve", 128)
     used = dict.fromkeys(a for s in config.get("studies", {}).values() for a in s["actions"])
     for name in used:
         action = actions[name]
-        if action.selector == "full":
+        if keeps_everything(action):
             continue
         for stratum in datasets.get("strata", []):
             label = f"{stratum['env']}-{stratum['label']}"
@@ -459,16 +476,29 @@ def _check_budgets(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
                         f"{where}: budget {action.budget!r} keeps every entry, so the action "
                         "equals full retention there; lower the budget or lengthen the stratum"
                     )
-                SELECTORS[action.selector].check(action, n, keep)
+                check_action(action, n, keep)
             except ActionError as exc:
                 message = str(exc).split(": ", 1)[-1]
                 raise ConfigError(f"{where}: {message}") from exc
+
+
+def _check_finite_state(config: Mapping[str, Any]) -> None:
+    """The finite-state study's combinations (EOS needs a third token, figure systems exist)."""
+    from kvdiverge.finite_state import family_parameters
+
+    try:
+        family_parameters(config)
+    except ValueError as exc:
+        if str(exc).startswith("config."):
+            raise ConfigError(str(exc).replace("\n", " ")) from exc
+        raise
 
 
 def check_references(config: Mapping[str, Any]) -> None:
     """Resolve every cross-reference of a validated config; :class:`ConfigError` in one line
     naming the field (module docstring lists the checks)."""
     check_generation_reserve(config)
+    _check_finite_state(config)
     _check_models(config)
     actions = _parse_actions(config)
     _check_studies(config, actions)

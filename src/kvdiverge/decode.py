@@ -67,9 +67,9 @@ from kvdiverge.coupling import (
     tv,
 )
 from kvdiverge.eviction import (
-    SELECTORS,
     ActionSpec,
     Prefill,
+    kept_counts,
     parse_action,
     run_prefill,
     select_positions,
@@ -192,7 +192,7 @@ def _is_oom(exc: BaseException) -> bool:
 class _Intervention:
     """One action's evicted prompt part in a decoding chunk (``None``: Q is P, no rows run)."""
 
-    prefix: list[tuple[torch.Tensor, torch.Tensor]] | None
+    prefix: list[tuple[torch.Tensor, ...]] | None
 
 
 def _decode_step(
@@ -487,12 +487,27 @@ def _running_row_steps(arrays: Mapping[str, np.ndarray]) -> tuple[int, int]:
     return int(x_running.sum()), int(own)
 
 
-def _gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Each layer's kept entries: (keys, values) of shape (H_kv, n_l, d). Ragged kept sets (−1
+    padding, :func:`kvdiverge.eviction.select_positions`) are cut to the layer's longest head;
+    where the layer's heads still differ, a third element ``mask`` (H_kv, n_l) marks the real
+    entries (:class:`kvdiverge.attention.SharedPrefix`)."""
     out = []
+    counts = kept_counts(kept)
     for layer, (keys, values) in enumerate(zip(prefill.keys, prefill.values, strict=True)):
-        index = kept[layer][..., None].expand(-1, -1, keys.shape[-1])
-        out.append((keys.gather(1, index), values.gather(1, index)))
+        width = int(counts[layer].max())
+        positions = kept[layer][:, :width]
+        valid = positions >= 0
+        index = positions.clamp_min(0)[..., None].expand(-1, -1, keys.shape[-1])
+        part: tuple[torch.Tensor, ...] = (keys.gather(1, index), values.gather(1, index))
+        out.append(part if bool(valid.all()) else (*part, valid))
     return out
+
+
+def _mean_kept(kept: torch.Tensor) -> int:
+    """Entries kept per layer and KV head, on average over them (rounded) for ragged sets."""
+    counts = kept_counts(kept)
+    return int(round(int(counts.sum()) / counts.numel()))
 
 
 def _replicate_indices(replicates: int | Sequence[int] | np.ndarray) -> np.ndarray:
@@ -543,7 +558,9 @@ def rollout_document_actions(
     ``settings``: H, seed, coupling and the options of :class:`RolloutSettings`. With
     ``settings.keep_logits`` the result also holds the per-step logits of P (X rows), Q (Y
     rows) and Q on X's history (Z rows), for tests. A ``prefill`` from
-    :func:`kvdiverge.eviction.run_prefill` may be passed in.
+    :func:`kvdiverge.eviction.run_prefill` may be passed in (given these actions, when a
+    selector observes the prefill, e.g. kvpress's). ``n_kept`` of a result is the entries kept
+    per layer and KV head (their rounded mean for kept sets that vary by layer or head).
 
     An action that keeps every prompt entry (``full``, or a budget ≥ n) runs like any other:
     its Y/Z rows decode over the gathered full cache, so the full-retention control tests the
@@ -576,9 +593,8 @@ def rollout_document_actions(
     device = _model_device(model)
     prefill_seconds = 0.0
     if prefill is None:
-        window = max(SELECTORS[a.selector].query_window(a) for a in specs)
         start = _clock(device)
-        prefill = run_prefill(model, input_ids, window)
+        prefill = run_prefill(model, input_ids, actions=specs)
         prefill_seconds = _clock(device) - start
     _check_model(model, prefill.n, settings.H)
     kept: dict[str, torch.Tensor] = {}
@@ -587,7 +603,7 @@ def rollout_document_actions(
     for a in specs:  # selection and gather, timed per action
         start = _clock(device)
         kept[a.name] = select_positions(prefill, a)
-        identity = settings.identity_shortcut and kept[a.name].shape[-1] == prefill.n
+        identity = settings.identity_shortcut and _mean_kept(kept[a.name]) == prefill.n
         interventions.append(
             _Intervention(None if identity else _gather_prefix(prefill, kept[a.name]))
         )
@@ -641,7 +657,7 @@ def rollout_document_actions(
                 x_eos=merged["x_eos"],
                 y_eos=merged["y_eos"],
                 n_prompt=prefill.n,
-                n_kept=int(kept[specs[i].name].shape[-1]),
+                n_kept=_mean_kept(kept[specs[i].name]),
                 batch_rows=per_replicate * fitted,
                 rows_per_replicate=per_replicate,
                 logits=logits or None,

@@ -307,7 +307,8 @@ def check_documents(
     below 1, n + H beyond the context window, a budget that keeps nothing of n, a prompt or
     budget too small for what the selector always keeps.
     """
-    from kvdiverge.eviction import SELECTORS, ActionError
+    from kvdiverge.config import check_action, keeps_everything
+    from kvdiverge.eviction import ActionError
 
     needed = [*DOCUMENT_COLUMNS, *([] if length_fn else ["n_tokens"])]
     missing = [c for c in needed if c not in frame.columns]
@@ -346,12 +347,12 @@ def check_documents(
                 f"model's context window of {max_positions} positions"
             )
         for action in specs:
-            if action.selector == "full":
+            if keeps_everything(action):
                 continue
             try:
                 keep = action.n_keep(n)
                 if keep < n:
-                    SELECTORS[action.selector].check(action, n, keep)
+                    check_action(action, n, keep)
             except ActionError as exc:
                 reason = str(exc).split(": ", 1)[-1]
                 raise PreflightError(f"{doc}, action {action.name!r}: {reason}") from exc

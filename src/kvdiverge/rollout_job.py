@@ -9,10 +9,12 @@ one row per document, replicate and step) and write one file per action with its
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -167,21 +169,22 @@ def select_job_documents(
     return [(doc_id, prompt, counts) for doc_id, (prompt, counts) in order.items()]
 
 
-def _load(model: Mapping[str, Any], device: str) -> tuple[torch.nn.Module, Any]:
-    from kvdiverge.models import load_model, load_tokenizer
+def _file_digest(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
 
-    trust = bool(model.get("trust_remote_code", False))
-    lm = load_model(
-        model["path"],
-        device=device,
-        dtype=model.get("dtype", "auto"),
-        revision=model.get("revision"),
-        trust_remote_code=trust,
-    )
-    tokenizer = load_tokenizer(
-        model["path"], trust_remote_code=trust, revision=model.get("revision")
-    )
-    return lm, tokenizer
+
+def _sum_timing(parts: Iterable[Mapping[str, Mapping[str, float]]]) -> dict[str, dict]:
+    total: dict[str, dict[str, float]] = {}
+    for part in parts:
+        for name, values in part.items():
+            sums = total.setdefault(name, dict.fromkeys(TIMING_KEYS, 0))
+            for key in TIMING_KEYS:
+                sums[key] += values.get(key, 0)
+    return total
 
 
 def run_stratum_rollout_job(
@@ -193,22 +196,36 @@ def run_stratum_rollout_job(
     settings: RolloutSettings,
     device: str = "auto",
     log_file: Any = None,
+    resume_key: Any = None,
 ) -> dict[str, pl.DataFrame]:
     """One rollout job of the pipeline: a stratum's documents under every action of a study →
     one trajectory file per action.
 
-    The model loads once and each document is prefilled once for all actions
+    Before any work: the action names, the model (a local folder: config, weights, chat
+    template and context window, :func:`kvdiverge.preflight.check_model_source`) and every
+    document of the job against every action and the model's window
+    (:func:`kvdiverge.preflight.check_documents`, with the job model's own tokenizer); each
+    failure is one line naming the config field, the file, or the doc_id and stratum. The
+    model then loads once and each document is prefilled once for all actions
     (:func:`rollout_documents_actions`); every file equals the one a job of that action alone
-    writes up to floating-point rounding of δ and f. ``out_paths``,
-    ``actions`` (spec dicts) and ``cohorts`` (cohort → K) are keyed by action name. Inputs are
-    checked before the model loads; progress (one tick per document) goes to ``log_file``.
-    Each file's metadata key ``timing`` holds the action's measured seconds
-    (``rollout_documents_actions``'s ``timing``; sample-size planning reads them): the only
-    part of a file that differs between reruns.
+    writes up to floating-point rounding of δ and f.
+
+    Each finished document is kept in a job-scoped scratch area
+    (:class:`kvdiverge.io.JobScratch`) beside the outputs, so a job killed part-way resumes
+    from its finished documents when rerun, and writes the same files as an uninterrupted run.
+    The scratch is keyed by everything that decides the results (model, actions, cohorts,
+    settings, the documents file's digest and ``resume_key``, e.g. the code fingerprint): a
+    changed job starts afresh. ``out_paths``, ``actions`` (spec dicts) and ``cohorts`` (cohort
+    → K) are keyed by action name. Progress goes to ``log_file`` (one tick per document) and
+    one log line per document (its tokens, seconds and fraction of paths diverged). Each
+    file's metadata key ``timing`` holds the action's measured seconds (sample-size planning
+    reads them): the only part of a file that differs between reruns.
     """
     from tqdm import tqdm
 
-    from kvdiverge.models import eos_token_ids
+    from kvdiverge.io import JobScratch
+    from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
+    from kvdiverge.preflight import check_documents, check_loaded_model, check_model_source
     from kvdiverge.trajectories import write_trajectories
 
     for name, spec in actions.items():
@@ -221,37 +238,96 @@ def run_stratum_rollout_job(
                 f"{field}: expected one entry per action ({', '.join(specs)}), "
                 f"got {', '.join(given) or 'none'}"
             )
+    where = f"config.models.{model.get('name') or model['path']}.path"
+    info = check_model_source(model, where)
+    trust = bool(model.get("trust_remote_code", False))
+    tokenizer = load_tokenizer(
+        model["path"], trust_remote_code=trust, revision=model.get("revision")
+    )
+    job_cohorts = {c for per in cohorts.values() for c in per}
+    checked = check_documents(
+        pl.read_parquet(documents_path),
+        specs,
+        info.get("max_positions") if info else None,
+        settings.H,
+        str(documents_path),
+        length_fn=lambda prompt: len(chat_prompt_ids(tokenizer, prompt)),
+        cohorts=job_cohorts,
+    )
+    lengths = dict(zip(checked["doc_id"], checked["n_tokens"], strict=True))
     documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
     if not documents:
         log.warning("%s: no documents of the job's cohorts", documents_path)
-    lm, tokenizer = _load(model, device)
+    lm = load_model(
+        model["path"],
+        device=device,
+        dtype=model.get("dtype", "auto"),
+        revision=model.get("revision"),
+        trust_remote_code=trust,
+    )
+    if info is None:
+        check_loaded_model(lm, tokenizer, where, max(lengths.values(), default=0) + settings.H)
     eos = eos_token_ids(lm, tokenizer)
+    scratch = JobScratch(
+        out_paths,
+        key={
+            "model": dict(model),
+            "actions": {name: spec.as_dict() for name, spec in specs.items()},
+            "cohorts": {name: dict(c) for name, c in cohorts.items()},
+            "settings": asdict(settings),
+            "documents": _file_digest(documents_path),
+            "dtype": str(lm.dtype),
+            "device": str(lm.device),
+            "resume": resume_key,
+        },
+    )
+    resumed = [doc_id for doc_id, _, _ in documents if scratch.done(doc_id)]
     log.info(
-        "model %s (%s, %s on %s); actions %s; %d documents; H=%d; EOS %s",
+        "model %s (%s, %s on %s); actions %s; %d documents (%d resumed from %s); H=%d; EOS %s",
         model.get("name", model["path"]),
         model["path"],
         lm.dtype,
         lm.device,
         ", ".join(s.name for s in specs.values()),
         len(documents),
+        len(resumed),
+        scratch.root,
         settings.H,
         eos,
     )
-    timing: dict[str, dict[str, float]] = {}
     with tqdm(total=len(documents), file=log_file, unit="doc", mininterval=1.0) as bar:
-        frames = rollout_documents_actions(
-            lm,
-            tokenizer,
-            documents,
-            list(specs.values()),
-            eos,
-            settings,
-            progress=bar,
-            timing=timing,
-        )
+        bar.update(len(resumed))
+        for doc in documents:
+            doc_id = doc[0]
+            if scratch.done(doc_id):
+                continue
+            start = time.perf_counter()
+            timing: dict[str, dict[str, float]] = {}
+            frames = rollout_documents_actions(
+                lm, tokenizer, [doc], list(specs.values()), eos, settings, timing=timing
+            )
+            scratch.save(doc_id, frames, info=timing)
+            diverged = [
+                f.group_by("replicate").agg(pl.col("mismatch").any()) for f in frames.values()
+            ]
+            paths = sum(d.height for d in diverged)
+            share = sum(int(d["mismatch"].sum()) for d in diverged) / max(paths, 1)
+            log.info(
+                "%s: %d prompt tokens, %.1f s, %.0f%% of %d paths diverged within H",
+                doc_id,
+                lengths.get(doc_id, -1),
+                time.perf_counter() - start,
+                100 * share,
+                paths,
+            )
+            bar.update(1)
+    saved = scratch.load_all()
+    order = [doc_id for doc_id, _, _ in documents]
+    timing = _sum_timing(saved[doc_id][1] for doc_id in order)
     out = {}
     for name, spec in specs.items():
-        frame = frames[spec.name]
+        parts = [saved[doc_id][0][name] for doc_id in order if name in saved[doc_id][0]]
+        frame = pl.concat(parts) if parts else pl.DataFrame(schema=TRAJECTORY_SCHEMA)
         metadata = {
             "model": {"name": model.get("name"), "path": str(model["path"])},
             "revision": model.get("revision"),
@@ -268,4 +344,5 @@ def run_stratum_rollout_job(
         }
         write_trajectories(frame, out_paths[name], metadata)
         out[name] = frame
+    scratch.clear()
     return out

@@ -1,20 +1,18 @@
 """Rule rollout_<study>: coupled rollouts of a stratum's documents under every action of the
-study, one trajectory file per action (DESIGN §3.2, §4)."""
+study, one trajectory file per action (docs/architecture.md, "Rollout jobs")."""
 
-import logging
 import sys
 
-sys.stderr = open(snakemake.log[0], "w")  # noqa: SIM115 (the job's log for its lifetime)
-logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+from kvdiverge.logs import job_log
 
-import transformers  # noqa: E402
-
-transformers.utils.logging.disable_progress_bar()  # weight-loading bars; tqdm per document stays
+log = job_log(snakemake)
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 
 from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job  # noqa: E402
 
+transformers.utils.logging.disable_progress_bar()  # weight-loading bars; tqdm per document stays
 torch.set_num_threads(snakemake.threads)
 params = snakemake.params
 run_stratum_rollout_job(
@@ -31,4 +29,5 @@ run_stratum_rollout_job(
     ),
     device=params.device,
     log_file=sys.stderr,
+    resume_key=params.code,
 )
