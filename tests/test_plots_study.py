@@ -1,5 +1,5 @@
-"""Study figures 5–7, decomposition bars (SPEC §5) and figure 1 (SPEC §2), plus the Snakemake
-rules that draw them and the tables from a synthetic study's estimands."""
+"""Study figures 5–7, decomposition bars and figure 1, plus the Snakemake rules that draw them
+and the tables from a synthetic study's estimands."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from study_helpers import CONTROL, LAMBDAS, STUDY2_LAMBDAS, build_study
 from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.document_stats import Clock
+from kvdiverge.plots.base import CONTROL_STYLE
 from kvdiverge.plots.study import (
     FIGURES,
-    action_palette,
+    action_styles,
     branch_windows,
     plot_branch_endpoints,
     profile,
@@ -94,14 +95,18 @@ def test_branch_windows_reject_inconsistent_tables(study1):
         branch_windows(broken, "x.csv")
 
 
-def test_palette_is_stable_across_studies_and_greys_the_control():
-    p1 = action_palette(ALL_ACTIONS, control="full")
-    p2 = action_palette(ALL_ACTIONS, control="full")
-    assert p1 == p2
-    assert p1["full"] == (0.45, 0.45, 0.45)
-    colours = [p1[a] for a in ALL_ACTIONS if a != "full"]
-    assert len(set(colours)) == len(colours)
-    assert p1["full"] not in colours
+def test_styles_are_stable_distinct_and_grey_the_control():
+    s1 = action_styles(ALL_ACTIONS, control="full")
+    assert s1 == action_styles(ALL_ACTIONS, control="full")
+    assert s1["full"] == CONTROL_STYLE
+    compared = [s1[a] for a in ALL_ACTIONS if a != "full"]
+    assert len({s.color for s in compared}) == len(compared)
+    assert len({str(s.linestyle) for s in compared}) == len(compared)
+    assert CONTROL_STYLE.color not in {s.color for s in compared}
+    # a study's first two actions are the high-contrast blue/vermillion pair (study 2's two)
+    s2 = action_styles(["snapkv-90", "recent-90", "full"], control="full")
+    assert (s2["snapkv-90"].color, s2["recent-90"].color) == ("#0072B2", "#D55E00")
+    assert s2["snapkv-90"].linestyle != s2["recent-90"].linestyle
 
 
 def test_figure7_shows_the_family_level(study2):
@@ -179,7 +184,12 @@ def test_rules_draw_every_figure_and_table_from_placed_estimands(tmp_path, study
     figures = {
         study: [
             f"results/{study}/figures/{n}.{e}"
-            for n in ["fig5_divergence_cdf", "fig6_tv_profiles", "decomposition"]
+            for n in [
+                "fig5_divergence_cdf",
+                "fig5_divergence_cdf_strata",
+                "fig6_tv_profiles",
+                "decomposition",
+            ]
             + (["fig7_branch_contrasts"] if study == "study2" else [])
             for e in ("png", "pdf")
         ]
@@ -189,7 +199,11 @@ def test_rules_draw_every_figure_and_table_from_placed_estimands(tmp_path, study
         study: [
             f"results/{study}/tables/table{i}.{e}"
             for i in range(1, 5)
-            for e in ("csv", "md", "tex")
+            for e in ("csv", "md", "tex", "html")
+        ]
+        + [
+            f"results/{study}/tables/{name}"
+            for name in ("estimands.parquet", "estimands_summary.md", "estimands_summary.html")
         ]
         for study in ("study1", "study2")
     }

@@ -35,13 +35,7 @@ rule document_stats:
         },
         control=lambda w: config["studies"][w.study]["control"],
         clock=config["analysis"]["clock"],
-        code=fingerprint(
-            "kvdiverge.analysis.document_stats",
-            "kvdiverge.analysis.control",
-            "kvdiverge.risk",
-            "kvdiverge.trajectories",
-            "kvdiverge.io",
-        ),
+        code=script_code("document_stats.py"),
     script:
         "../scripts/document_stats.py"
 
@@ -56,7 +50,8 @@ rule estimands:
             "results/{study}/tables/estimands.csv",
             caption="../report/estimands.rst",
             category="Language-model study",
-            labels={"study": "{study}", "table": "estimands"},
+            subcategory="Data",
+            labels={"study": "{study}", "table": "estimands (CSV)"},
         ),
         md="results/{study}/tables/estimands.md",
     log:
@@ -77,13 +72,7 @@ rule estimands:
         alpha=config["analysis"]["alpha"],
         family_estimands=config["analysis"]["family_estimands"],
         seed=config["seed"],
-        code=fingerprint(
-            "kvdiverge.analysis.estimands",
-            "kvdiverge.analysis.bootstrap",
-            "kvdiverge.analysis.document_stats",
-            "kvdiverge.risk",
-            "kvdiverge.io",
-        ),
+        code=script_code("estimands.py"),
     script:
         "../scripts/estimands.py"
 
@@ -98,7 +87,8 @@ rule prediction:
             "results/{study}/tables/prediction.csv",
             caption="../report/prediction.rst",
             category="Language-model study",
-            labels={"study": "{study}", "table": "prediction"},
+            subcategory="Data",
+            labels={"study": "{study}", "table": "prediction (CSV)"},
         ),
     log:
         "logs/analysis/prediction/{study}.log",
@@ -116,13 +106,7 @@ rule prediction:
         alpha=config["analysis"]["alpha"],
         level=config["analysis"]["level"],
         seed=config["seed"],
-        code=fingerprint(
-            "kvdiverge.analysis.prediction",
-            "kvdiverge.analysis.bootstrap",
-            "kvdiverge.analysis.document_stats",
-            "kvdiverge.analysis.estimands",
-            "kvdiverge.io",
-        ),
+        code=script_code("prediction.py"),
     script:
         "../scripts/prediction.py"
 
@@ -154,11 +138,6 @@ rule plan_sample_sizes:
         study=lambda w: config["studies"][w.study],
         strata=[s.name for s in DATASETS.strata],
         planning=config["analysis"]["planning"],
-        code=fingerprint(
-            "kvdiverge.analysis.planning",
-            "kvdiverge.analysis.document_stats",
-            "kvdiverge.trajectories",
-            "kvdiverge.io",
-        ),
+        code=script_code("plan_sample_sizes.py"),
     script:
         "../scripts/plan_sample_sizes.py"

@@ -1,7 +1,8 @@
 # Configuration checks, path building and provenance fingerprints.
 import os
 
-from kvdiverge.config import check_config, module_fingerprint
+from kvdiverge.config import check_config
+from kvdiverge.provenance import script_fingerprint
 from kvdiverge.config import study_contrasts as configured_contrasts
 from kvdiverge.preflight import check_configured_models
 
@@ -16,9 +17,10 @@ check_config(
 check_configured_models(config)
 
 
-def fingerprint(*modules):
-    """Params entry that changes when any of the named package modules changes."""
-    return module_fingerprint(*modules)
+def script_code(script):
+    """Params entry `code`: a fingerprint of every package module the rule's script reaches by
+    import, found from the code (kvdiverge.provenance; docs/architecture.md, "Reruns")."""
+    return script_fingerprint(os.path.join(workflow.basedir, "workflow", "scripts", script))
 
 
 def finite_state_study_settings():
@@ -212,16 +214,27 @@ def family_studies():
 
 
 def figures_and_tables_outputs():
-    """Figure 1, every study's figures 5-6 and decomposition (and figure 7 for a family study),
-    and Tables 1-4 in CSV, Markdown and LaTeX."""
+    """Figure 1, every study's figures 5 (pooled, and per stratum in the appendix), 6 and the
+    decomposition (and figure 7 for a family study), Tables 1-4 in CSV, Markdown, LaTeX and
+    HTML, and the estimands' typed Parquet copy and one-page summary."""
     out = [f"results/theory/figures/fig1_introductory_example.{e}" for e in ("png", "pdf")]
     for study in config["studies"]:
-        names = ["fig5_divergence_cdf", "fig6_tv_profiles", "decomposition"]
+        names = [
+            "fig5_divergence_cdf",
+            "fig5_divergence_cdf_strata",
+            "fig6_tv_profiles",
+            "decomposition",
+        ]
         names += ["fig7_branch_contrasts"] if study in family_studies() else []
         out += [f"results/{study}/figures/{n}.{e}" for n in names for e in ("png", "pdf")]
         out += [
             f"results/{study}/tables/table{i}.{e}"
             for i in range(1, 5)
-            for e in ("csv", "md", "tex")
+            for e in ("csv", "md", "tex", "html")
+        ]
+        out += [
+            f"results/{study}/tables/estimands.parquet",
+            f"results/{study}/tables/estimands_summary.md",
+            f"results/{study}/tables/estimands_summary.html",
         ]
     return out

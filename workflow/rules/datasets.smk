@@ -20,6 +20,6 @@ rule materialize_documents:
         trust_remote_code=lambda wildcards: bool(
             length_tokenizer_model()[1].get("trust_remote_code", False)
         ),
-        code=fingerprint("kvdiverge.datasets", "kvdiverge.models"),
+        code=script_code("materialize_documents.py"),
     script:
         "../scripts/materialize_documents.py"

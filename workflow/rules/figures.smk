@@ -1,5 +1,6 @@
-# Figures and tables of the language-model studies (SPEC §5, paper §5) and figure 1 (SPEC §2):
-# drawn from the analysis tables only (estimands.csv, prediction.csv).
+# Figures and tables of the language-model studies and figure 1, drawn from the analysis tables
+# only (estimands.csv, prediction.csv). In the report every figure is its PNG (the PDF beside it
+# is for papers) and every table its HTML rendering (CSV, Markdown and LaTeX beside it).
 
 
 rule introductory_figure:
@@ -8,14 +9,10 @@ rule introductory_figure:
             "results/theory/figures/fig1_introductory_example.png",
             caption="../report/introductory_example.rst",
             category="Theory",
-            labels={"figure": "1: occurrence versus occupation", "format": "PNG"},
+            subcategory="Figures",
+            labels={"figure": "1: occurrence versus occupation"},
         ),
-        pdf=report(
-            "results/theory/figures/fig1_introductory_example.pdf",
-            caption="../report/introductory_example.rst",
-            category="Theory",
-            labels={"figure": "1: occurrence versus occupation", "format": "PDF"},
-        ),
+        pdf="results/theory/figures/fig1_introductory_example.pdf",
     log:
         "logs/figures/introductory_figure.log",
     benchmark:
@@ -26,13 +23,7 @@ rule introductory_figure:
     params:
         eps=config["figures"]["introductory"]["eps"],
         horizon=config["figures"]["introductory"]["horizon"],
-        code=fingerprint(
-            "kvdiverge.plots.theory",
-            "kvdiverge.plots.base",
-            "kvdiverge.risk",
-            "kvdiverge.coupling",
-            "kvdiverge.io",
-        ),
+        code=script_code("introductory_figure.py"),
     script:
         "../scripts/introductory_figure.py"
 
@@ -46,43 +37,33 @@ rule study_figures:
             caption="../report/study_divergence_cdf.rst",
             category="Language-model study",
             subcategory="Figures",
-            labels={"study": "{study}", "figure": "5: divergence CDF", "format": "PNG"},
+            labels={"study": "{study}", "figure": "5: divergence CDF, pooled"},
         ),
-        fig5_divergence_cdf_pdf=report(
-            "results/{study}/figures/fig5_divergence_cdf.pdf",
-            caption="../report/study_divergence_cdf.rst",
+        fig5_divergence_cdf_pdf="results/{study}/figures/fig5_divergence_cdf.pdf",
+        fig5_divergence_cdf_strata=report(
+            "results/{study}/figures/fig5_divergence_cdf_strata.png",
+            caption="../report/study_divergence_cdf_strata.rst",
             category="Language-model study",
-            subcategory="Figures",
-            labels={"study": "{study}", "figure": "5: divergence CDF", "format": "PDF"},
+            subcategory="Appendix figures",
+            labels={"study": "{study}", "figure": "5 (appendix): divergence CDF per stratum"},
         ),
+        fig5_divergence_cdf_strata_pdf="results/{study}/figures/fig5_divergence_cdf_strata.pdf",
         fig6_tv_profiles=report(
             "results/{study}/figures/fig6_tv_profiles.png",
             caption="../report/study_tv_profiles.rst",
             category="Language-model study",
             subcategory="Figures",
-            labels={"study": "{study}", "figure": "6: TV profiles", "format": "PNG"},
+            labels={"study": "{study}", "figure": "6: TV profiles"},
         ),
-        fig6_tv_profiles_pdf=report(
-            "results/{study}/figures/fig6_tv_profiles.pdf",
-            caption="../report/study_tv_profiles.rst",
-            category="Language-model study",
-            subcategory="Figures",
-            labels={"study": "{study}", "figure": "6: TV profiles", "format": "PDF"},
-        ),
+        fig6_tv_profiles_pdf="results/{study}/figures/fig6_tv_profiles.pdf",
         decomposition=report(
             "results/{study}/figures/decomposition.png",
             caption="../report/study_decomposition.rst",
             category="Language-model study",
             subcategory="Figures",
-            labels={"study": "{study}", "figure": "D: gap decomposition", "format": "PNG"},
+            labels={"study": "{study}", "figure": "D: gap decomposition"},
         ),
-        decomposition_pdf=report(
-            "results/{study}/figures/decomposition.pdf",
-            caption="../report/study_decomposition.rst",
-            category="Language-model study",
-            subcategory="Figures",
-            labels={"study": "{study}", "figure": "D: gap decomposition", "format": "PDF"},
-        ),
+        decomposition_pdf="results/{study}/figures/decomposition.pdf",
     log:
         "logs/figures/study_figures/{study}.log",
     benchmark:
@@ -95,13 +76,7 @@ rule study_figures:
     params:
         actions=study_compared_actions,
         control=study_control,
-        palette_actions=list(config["actions"]),
-        code=fingerprint(
-            "kvdiverge.plots.study",
-            "kvdiverge.plots.base",
-            "kvdiverge.tables",
-            "kvdiverge.io",
-        ),
+        code=script_code("study_figures.py"),
     script:
         "../scripts/study_figures.py"
 
@@ -115,23 +90,9 @@ rule study_branch_figure:
             caption="../report/study_branch_contrasts.rst",
             category="Language-model study",
             subcategory="Figures",
-            labels={
-                "study": "{study}",
-                "figure": "7: branch contrasts and saturation",
-                "format": "PNG",
-            },
+            labels={"study": "{study}", "figure": "7: branch contrasts and saturation"},
         ),
-        fig7_branch_contrasts_pdf=report(
-            "results/{study}/figures/fig7_branch_contrasts.pdf",
-            caption="../report/study_branch_contrasts.rst",
-            category="Language-model study",
-            subcategory="Figures",
-            labels={
-                "study": "{study}",
-                "figure": "7: branch contrasts and saturation",
-                "format": "PDF",
-            },
-        ),
+        fig7_branch_contrasts_pdf="results/{study}/figures/fig7_branch_contrasts.pdf",
     log:
         "logs/figures/study_branch_figure/{study}.log",
     benchmark:
@@ -144,13 +105,7 @@ rule study_branch_figure:
     params:
         actions=study_compared_actions,
         control=study_control,
-        palette_actions=list(config["actions"]),
-        code=fingerprint(
-            "kvdiverge.plots.study",
-            "kvdiverge.plots.base",
-            "kvdiverge.tables",
-            "kvdiverge.io",
-        ),
+        code=script_code("study_figures.py"),
     script:
         "../scripts/study_figures.py"
 
@@ -159,105 +114,54 @@ rule study_tables:
     input:
         unpack(study_tables_inputs),
     output:
-        table1_csv=report(
-            "results/{study}/tables/table1.csv",
+        table1_csv="results/{study}/tables/table1.csv",
+        table1_md="results/{study}/tables/table1.md",
+        table1_tex="results/{study}/tables/table1.tex",
+        table1_html=report(
+            "results/{study}/tables/table1.html",
             caption="../report/study_table1.rst",
             category="Language-model study",
             subcategory="Tables",
-            labels={"study": "{study}", "table": "1: timing and occupation", "format": "CSV"},
+            labels={"study": "{study}", "table": "1: timing and occupation"},
         ),
-        table1_md=report(
-            "results/{study}/tables/table1.md",
-            caption="../report/study_table1.rst",
-            category="Language-model study",
-            subcategory="Tables",
-            labels={"study": "{study}", "table": "1: timing and occupation", "format": "Markdown"},
-        ),
-        table1_tex=report(
-            "results/{study}/tables/table1.tex",
-            caption="../report/study_table1.rst",
-            category="Language-model study",
-            subcategory="Tables",
-            labels={"study": "{study}", "table": "1: timing and occupation", "format": "TEX"},
-        ),
-        table2_csv=report(
-            "results/{study}/tables/table2.csv",
+        table2_csv="results/{study}/tables/table2.csv",
+        table2_md="results/{study}/tables/table2.md",
+        table2_tex="results/{study}/tables/table2.tex",
+        table2_html=report(
+            "results/{study}/tables/table2.html",
             caption="../report/study_table2.rst",
             category="Language-model study",
             subcategory="Tables",
-            labels={"study": "{study}", "table": "2: gap decomposition", "format": "CSV"},
+            labels={"study": "{study}", "table": "2: gap decomposition"},
         ),
-        table2_md=report(
-            "results/{study}/tables/table2.md",
-            caption="../report/study_table2.rst",
-            category="Language-model study",
-            subcategory="Tables",
-            labels={"study": "{study}", "table": "2: gap decomposition", "format": "Markdown"},
-        ),
-        table2_tex=report(
-            "results/{study}/tables/table2.tex",
-            caption="../report/study_table2.rst",
-            category="Language-model study",
-            subcategory="Tables",
-            labels={"study": "{study}", "table": "2: gap decomposition", "format": "TEX"},
-        ),
-        table3_csv=report(
-            "results/{study}/tables/table3.csv",
+        table3_csv="results/{study}/tables/table3.csv",
+        table3_md="results/{study}/tables/table3.md",
+        table3_tex="results/{study}/tables/table3.tex",
+        table3_html=report(
+            "results/{study}/tables/table3.html",
             caption="../report/study_table3.rst",
             category="Language-model study",
             subcategory="Tables",
-            labels={"study": "{study}", "table": "3: main contrast by stratum", "format": "CSV"},
+            labels={"study": "{study}", "table": "3: main contrast by stratum"},
         ),
-        table3_md=report(
-            "results/{study}/tables/table3.md",
-            caption="../report/study_table3.rst",
-            category="Language-model study",
-            subcategory="Tables",
-            labels={
-                "study": "{study}",
-                "table": "3: main contrast by stratum",
-                "format": "Markdown",
-            },
-        ),
-        table3_tex=report(
-            "results/{study}/tables/table3.tex",
-            caption="../report/study_table3.rst",
-            category="Language-model study",
-            subcategory="Tables",
-            labels={"study": "{study}", "table": "3: main contrast by stratum", "format": "TEX"},
-        ),
-        table4_csv=report(
-            "results/{study}/tables/table4.csv",
+        table4_csv="results/{study}/tables/table4.csv",
+        table4_md="results/{study}/tables/table4.md",
+        table4_tex="results/{study}/tables/table4.tex",
+        table4_html=report(
+            "results/{study}/tables/table4.html",
             caption="../report/study_table4.rst",
             category="Language-model study",
             subcategory="Tables",
-            labels={
-                "study": "{study}",
-                "table": "4: uncalibrated contrasts and prediction",
-                "format": "CSV",
-            },
+            labels={"study": "{study}", "table": "4: uncalibrated contrasts and prediction"},
         ),
-        table4_md=report(
-            "results/{study}/tables/table4.md",
-            caption="../report/study_table4.rst",
+        estimands_parquet="results/{study}/tables/estimands.parquet",
+        estimands_summary_md="results/{study}/tables/estimands_summary.md",
+        estimands_summary_html=report(
+            "results/{study}/tables/estimands_summary.html",
+            caption="../report/estimands_summary.rst",
             category="Language-model study",
-            subcategory="Tables",
-            labels={
-                "study": "{study}",
-                "table": "4: uncalibrated contrasts and prediction",
-                "format": "Markdown",
-            },
-        ),
-        table4_tex=report(
-            "results/{study}/tables/table4.tex",
-            caption="../report/study_table4.rst",
-            category="Language-model study",
-            subcategory="Tables",
-            labels={
-                "study": "{study}",
-                "table": "4: uncalibrated contrasts and prediction",
-                "format": "TEX",
-            },
+            subcategory="Estimands",
+            labels={"study": "{study}", "table": "estimands: summary"},
         ),
     log:
         "logs/figures/study_tables/{study}.log",
@@ -271,6 +175,6 @@ rule study_tables:
     params:
         actions=study_compared_actions,
         main_contrast=study_main_contrast,
-        code=fingerprint("kvdiverge.tables", "kvdiverge.analysis.estimands", "kvdiverge.io"),
+        code=script_code("study_tables.py"),
     script:
         "../scripts/study_tables.py"

@@ -7,6 +7,8 @@ rule finite_state_systems:
             "results/finite_state/systems.csv",
             caption="../report/finite_state_systems.rst",
             category="Finite-state study",
+            subcategory="Data",
+            labels={"table": "systems (CSV)"},
         ),
         windows="results/finite_state/windows.csv",
     log:
@@ -18,7 +20,7 @@ rule finite_state_systems:
     params:
         seed=config["seed"],
         finite_state=finite_state_study_settings(),
-        code=fingerprint("kvdiverge.finite_state", "kvdiverge.coupling", "kvdiverge.identification"),
+        code=script_code("finite_state_systems.py"),
     script:
         "../scripts/finite_state_systems.py"
 
@@ -32,12 +34,16 @@ rule finite_state_figures:
             "results/finite_state/figures/estimators.png",
             caption="../report/finite_state_estimators.rst",
             category="Finite-state study",
+            subcategory="Figures",
+            labels={"figure": "4: estimators"},
         ),
         estimators_pdf="results/finite_state/figures/estimators.pdf",
         interval=report(
             "results/finite_state/figures/identified_interval.png",
             caption="../report/finite_state_identified_interval.rst",
             category="Finite-state study",
+            subcategory="Figures",
+            labels={"figure": "2: identified interval"},
         ),
         interval_pdf="results/finite_state/figures/identified_interval.pdf",
     log:
@@ -49,6 +55,6 @@ rule finite_state_figures:
         "../../envs/analysis.yaml"
     params:
         interval_systems=config["finite_state"]["interval_figure_systems"],
-        code=fingerprint("kvdiverge.plots.finite_state", "kvdiverge.plots.base", "kvdiverge.io"),
+        code=script_code("finite_state_figures.py"),
     script:
         "../scripts/finite_state_figures.py"

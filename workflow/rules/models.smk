@@ -70,6 +70,6 @@ rule materialize_model:
         # the source spec: editing it (another file, digest, eos_token or dtype) reruns the job
         source=lambda wildcards: config["models"][wildcards.model]["source"],
         where=lambda wildcards: f"config.models.{wildcards.model}.source",
-        code=fingerprint("kvdiverge.model_sources"),
+        code=script_code("materialize_model.py"),
     script:
         "../scripts/materialize_model.py"

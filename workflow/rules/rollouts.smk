@@ -35,16 +35,6 @@ for study in config["studies"]:
             coupling=config["rollout"]["coupling"],
             max_batch_rows=config["rollout"]["max_batch_rows"],
             device=config["rollout"]["device"],
-            code=fingerprint(
-                "kvdiverge.engine",
-                "kvdiverge.attention",
-                "kvdiverge.decode",
-                "kvdiverge.rollout_job",
-                "kvdiverge.eviction",
-                "kvdiverge.models",
-                "kvdiverge.coupling",
-                "kvdiverge.trajectories",
-                "kvdiverge.io",
-            ),
+            code=script_code("rollout.py"),
         script:
             "../scripts/rollout.py"

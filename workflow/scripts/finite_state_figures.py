@@ -1,4 +1,4 @@
-"""Rule finite_state_figures: the estimator and identified-interval figures (SPEC §4)."""
+"""Rule finite_state_figures: the estimator and identified-interval figures."""
 
 from kvdiverge.logs import job_log
 

@@ -1,4 +1,4 @@
-"""Rule introductory_figure: figure 1, occurrence versus occupation (SPEC §2, paper §1)."""
+"""Rule introductory_figure: figure 1, occurrence versus occupation."""
 
 from kvdiverge.logs import job_log
 

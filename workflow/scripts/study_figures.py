@@ -1,5 +1,5 @@
-"""Rules study_figures and study_branch_figure: figures 5-7 and the decomposition bars of one
-study, drawn from its estimands table (SPEC §5)."""
+"""Rules study_figures and study_branch_figure: figure 5 (pooled and per stratum), figures 6-7
+and the decomposition bars of one study, drawn from its estimands table."""
 
 from kvdiverge.logs import job_log
 
@@ -13,7 +13,6 @@ write_study_figures(
     snakemake.input.estimands,
     outputs,
     actions=list(snakemake.params.actions),
-    palette_actions=list(snakemake.params.palette_actions),
     control=snakemake.params.control,
 )
 log.info("wrote %s", ", ".join(outputs))

@@ -1,14 +1,16 @@
-"""Rule study_tables: Tables 1-4 of one study as CSV, Markdown and LaTeX (SPEC §5)."""
+"""Rule study_tables: Tables 1-4 of one study as CSV, Markdown, LaTeX and HTML, and the
+estimands' tidy Parquet copy with its summary (Markdown, HTML)."""
 
 from kvdiverge.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-from kvdiverge.tables import write_study_tables  # noqa: E402
+from kvdiverge.tables import write_estimands_summary, write_study_tables  # noqa: E402
 
 out = snakemake.output
 outputs = {
-    f"table{i}": tuple(out[f"table{i}_{ext}"] for ext in ("csv", "md", "tex")) for i in range(1, 5)
+    f"table{i}": tuple(out[f"table{i}_{ext}"] for ext in ("csv", "md", "tex", "html"))
+    for i in range(1, 5)
 }
 built = write_study_tables(
     snakemake.input.estimands,
@@ -19,3 +21,11 @@ built = write_study_tables(
 )
 for name, table in built.items():
     log.info("%s: %d rows", name, table.data.height)
+summary = write_estimands_summary(
+    snakemake.input.estimands,
+    out.estimands_parquet,
+    out.estimands_summary_md,
+    out.estimands_summary_html,
+    study=snakemake.wildcards.study,
+)
+log.info("estimands summary: %s", " ".join(summary.facts[:1]))

@@ -378,7 +378,7 @@ def plot_tv_profiles(
                 (
                     shown[1],
                     r"lag $j$ after first divergence $\tau$",
-                    f"divergence clock (cohort τ ≤ {depth})",
+                    "divergence clock",
                     rf"branch TV $E[\delta_{{\tau+j}} \mid \tau \leq {depth}]$",
                 ),
             )

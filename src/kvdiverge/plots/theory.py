@@ -1,4 +1,4 @@
-"""Figure 1: occurrence versus occupation, the introductory example (paper §1).
+"""Figure 1: occurrence versus occupation, the introductory example.
 
 The reference always emits 0; two interventions emit 1 at the first position with probability
 ε and then continue with 0s (``revert``) or repeat their first token (``persist``). Both have
