@@ -1,4 +1,5 @@
-# kvdiverge: divergence timing under KV-cache eviction (../shared/SPEC.md).
+# kvdiverge: divergence timing under KV-cache eviction (docs/method.md; the rules are described
+# in docs/architecture.md, "The rule graph").
 # The pipeline is read from workflow/rules/: one file per stage.
 
 

@@ -1,7 +1,7 @@
 """Speed of the Section 5 analysis on a paper-sized synthetic study (issue #5).
 
 288 documents (6 strata × 48) × 3 actions × K = 64 replicates × H = 128 steps: 7.1M trajectory
-rows, written in the DESIGN §3.2 schema from finite-state kernel pairs
+rows, written in the trajectory schema from finite-state kernel pairs
 (:mod:`kvdiverge.analysis.synthetic`). Timed:
 
 * ``document_stats``: trajectory files → one row per (document, action);

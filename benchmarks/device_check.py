@@ -8,7 +8,8 @@ Qwen2 models built here (random weights, the engine tests' seed):
    validated and chose (``kvdiverge.attention._fused_kernel``), and the largest difference
    between the engine's next-token laws (P on X's history, Q on Y's, Q on X's) and a plain
    transformers forward over an explicitly gathered cache on the same device, over every step
-   of K = 4 replicates, H = 24 (DESIGN §4; float32 should be ≤ 1e-5 as on CPU);
+   of K = 4 replicates, H = 24 (`docs/architecture.md`, "Shared-prefix attention"; float32
+   should be ≤ 1e-5 as on CPU);
 3. optionally ``benchmarks/rollout.py`` on the device (``--benchmark``), for the README.
 
 Usage (about 1 minute without the benchmark)::

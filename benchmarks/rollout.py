@@ -1,12 +1,12 @@
 """Benchmark: the coupled rollout engine against the per-replicate baseline a user would write.
 
-Both run the same coupled sampler (SPEC §1, §6: stepwise maximal coupling with common random
-numbers, δ_t and f_t every step) on the same tiny demo model and prompt, after one shared
-prefill and the same SnapKV-half eviction:
+Both run the same coupled sampler (`docs/method.md`, "The coupled pair" and "Common random
+numbers": stepwise maximal coupling with common random numbers, δ_t and f_t every step) on the
+same tiny demo model and prompt, after one shared prefill and the same SnapKV-half eviction:
 
-* engine (``kvdiverge.engine.rollout_document``, DESIGN §4): all K replicates' streams in one
-  batch per step over a shared prompt cache (X and Y rows, and a Z row once a replicate's
-  histories split);
+* engine (``kvdiverge.engine.rollout_document``; `docs/architecture.md`, "Coupled decoding"):
+  all K replicates' streams in one batch per step over a shared prompt cache (X and Y rows, and
+  a Z row once a replicate's histories split);
 * baseline: per replicate, its own copy of the full cache (X) and of the evicted cache (Y, Z)
   in transformers ``DynamicCache``s, a step-by-step batch-1 forward per stream.
 

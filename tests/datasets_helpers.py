@@ -72,7 +72,7 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def length_fn(tokenizer: PreTrainedTokenizerFast):
-    """Chat-wrapped length of a user message (what n means, SPEC §5)."""
+    """Chat-wrapped length of a user message (what n means)."""
 
     def n(prompt: str) -> int:
         text = tokenizer.apply_chat_template(

@@ -1,4 +1,6 @@
-"""Brute-force exact evaluator for tiny history-dependent kernel pairs (SPEC §1–§3).
+"""Brute-force exact evaluator for tiny history-dependent kernel pairs.
+
+Definitions: `docs/method.md`, "The coupled pair" to "What a window identifies".
 
 Enumerates, depth first, every coupled trajectory pair (x_{1:H}, y_{1:H}) of positive probability
 under the stepwise maximal coupling Γ(P, Q) (one-step joint law from
@@ -84,7 +86,7 @@ def enumerate_reference_paths(reference: Kernel, H: int) -> list[tuple[tuple[int
 
 
 def exact_summary(reference: Kernel, intervention: Kernel, H: int) -> dict:
-    """Exact SPEC §1–§3 quantities of a tiny kernel pair by enumeration.
+    """Exact risk, timing and window quantities of a tiny kernel pair by enumeration.
 
     Keys: ``p`` (H,) first-divergence law; ``rho`` (H, H) full branch profile
     rho[s-1, j] = P(I_{s+j} = 1 | τ = s) for j ≤ H − s (NaN beyond, and in rows with p_s = 0);
@@ -147,7 +149,7 @@ def exact_summary(reference: Kernel, intervention: Kernel, H: int) -> dict:
 
 
 def exact_window(paths: list[CoupledPath], H: int, L: int) -> dict[str, float]:
-    """Brute-force R_L, B_L and the realised tail for window depth L, path by path (SPEC §3).
+    """Brute-force R_L, B_L and the realised tail for window depth L, path by path.
 
     R_L sums I_t over the observed window t = τ, …, τ + ℓ_τ − 1 with ℓ_τ = min(L, H − τ + 1);
     B_L counts the unobserved steps after it; the tail sums I_t after the window.

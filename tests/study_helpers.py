@@ -1,6 +1,6 @@
 """A small synthetic language-model study (finite-state kernel pairs) run through the real
 analysis code, for the figure and table tests: estimands.csv and prediction.csv as the
-`estimands` and `prediction` rules write them (DESIGN §3.4)."""
+`estimands` and `prediction` rules write them (`docs/architecture.md`, "File contracts")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Paired stratified document bootstrap (SPEC §5, "Uncertainty")."""
+"""Paired stratified document bootstrap (`docs/method.md`, "Uncertainty")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The full-retention control check (SPEC §5): δ ≡ 0 and X ≡ Y, else a loud error naming the
+"""The full-retention control check: δ ≡ 0 and X ≡ Y, else a loud error naming the
 document."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-document statistics (DESIGN §3.3): hand-computed values and every input error."""
+"""Per-document statistics: hand-computed values and every input error."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ PATH_B = {
     "y_eos": [0, 1, 1, 1, 1, 1, 1, 1],
 }
 
-# Worked by hand from the definitions in SPEC §2 and §5 (see the module docstring's table).
+# Worked by hand from the definitions (see the module docstring's table).
 EXPECTED_A = {
     "mismatch": 3 / 8,
     "mismatch_sq": 9 / 64,

@@ -1,4 +1,4 @@
-"""SPEC §5 estimands on finite-state trajectory studies whose exact answers are known."""
+"""The study's estimands on finite-state trajectory studies whose exact answers are known."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ DRAWS = 400
 MC_PATHS = 100_000
 # Monte Carlo "exact" statistics (synthetic module): their own error, far below a 4-SE band.
 MC_SLACK = 4 * 0.5 / np.sqrt(MC_PATHS)
-FLOAT32 = 1e-6  # trajectory files store δ_t and f_t as float32 (DESIGN §3.2)
+FLOAT32 = 1e-6  # trajectory files store δ_t and f_t as float32
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Sample-size planning from development variance and measured cost (SPEC §5)."""
+"""Sample-size planning from development variance and measured cost."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Aggregate prediction (SPEC §5, paper §5.7) on a finite-state study with dev and eval cohorts."""
+"""Aggregate prediction on a finite-state study with dev and eval cohorts."""
 
 from __future__ import annotations
 

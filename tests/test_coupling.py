@@ -1,4 +1,4 @@
-"""kvdiverge.coupling (SPEC §1, §6): exact joint law of both samplers, sampling, CRN streams."""
+"""kvdiverge.coupling: exact joint law of both samplers, sampling, CRN streams."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Strata, cohorts and the plan: exact and disjoint cohorts, deterministic ids, balanced task
 mix with full coverage in the embedded default, config errors before any work, and the
-documents table contract (DESIGN §3.1)."""
+documents table contract."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""End to end: rule materialize_documents on the embedded default (DESIGN §2, §3.1)."""
+"""End to end: rule materialize_documents on the embedded default."""
 
 from __future__ import annotations
 

@@ -457,9 +457,9 @@ STUDY_COHORTS = {
 @pytest.mark.parametrize("coupling", ["shared-reference", "independent"])
 def test_multi_action_job_files_equal_single_action_jobs(demo_path, tmp_path, coupling):
     """One job for all of a study's actions (one model load, one prefill per document, one
-    model call per step for all rows) writes the same files as one job per action (DESIGN
-    §3.2, §4): the same rows and tokens, δ and f equal to float rounding (the model calls'
-    batches differ); a rerun of the job reproduces its files bit for bit."""
+    model call per step for all rows) writes the same files as one job per action: the same rows
+    and tokens, δ and f equal to float rounding (the model calls' batches differ); a rerun of the
+    job reproduces its files bit for bit."""
     model = {"name": "demo", "path": str(demo_path)}
     settings = {"settings": RolloutSettings(8, 7, coupling=coupling), "device": "cpu"}
     multi = {name: tmp_path / "multi" / f"{name}.parquet" for name in STUDY_ACTIONS}
@@ -562,7 +562,7 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows
 
 def test_rollout_job_records_measured_timing_in_metadata(demo_path, tmp_path):
     """Each trajectory file carries the action's measured prefill, selection and decode
-    seconds with its document and path counts (the cost model of SPEC §5 planning)."""
+    seconds with its document and path counts (the cost model of sample-size planning)."""
     model = {"name": "demo", "path": str(demo_path)}
     actions = {name: STUDY_ACTIONS[name] for name in ("snapkv-half", "full")}
     cohorts = {name: STUDY_COHORTS[name] for name in actions}

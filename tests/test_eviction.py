@@ -1,4 +1,4 @@
-"""Eviction selectors and budgets (kvdiverge.eviction; SPEC §5, DESIGN §3.6, kvpress reference)."""
+"""Eviction selectors and budgets (kvdiverge.eviction; kvpress reference)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""kvdiverge.finite_state (SPEC §4, paper §4.4): kernel pairs, exact DP, naive and SWRB."""
+"""kvdiverge.finite_state: kernel pairs, exact DP, naive and SWRB."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""kvdiverge.identification (SPEC §3): R_L, B_L, intervals, and the sharp constructions."""
+"""kvdiverge.identification: R_L, B_L, intervals, and the sharp constructions."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def test_minimax_midpoint_and_errors():
     assert grid[np.argmin(worst_abs)] == pytest.approx(mid, abs=1e-12)
     assert worst_abs.min() == pytest.approx(errors["absolute"]) == pytest.approx(0.15)
     assert worst_sq.min() == pytest.approx(errors["squared"]) == pytest.approx(0.15**2)
-    # SPEC §3: sup (T − u)² ≥ ((T − r)² + (T − r − b)²)/2 = (T − r − b/2)² + b²/4 ≥ b²/4.
+    # sup (T − u)² ≥ ((T − r)² + (T − r − b)²)/2 = (T − r − b/2)² + b²/4 ≥ b²/4.
     average = ((grid - low) ** 2 + (grid - high) ** 2) / 2
     np.testing.assert_allclose(average, (grid - mid) ** 2 + 0.3**2 / 4, atol=1e-15)
     assert np.all(worst_sq >= average - 1e-15)

@@ -1,4 +1,4 @@
-"""Demo models and the loading path every model takes (kvdiverge.models; SPEC §5, DESIGN §6)."""
+"""Demo models and the loading path every model takes (kvdiverge.models)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def _stand_in_models(tmp_path):
 
 
 def _expected_jobs() -> dict[str, int]:
-    """Jobs of a full paper run, from the study design (SPEC §5): 6 strata, 2 models, 2 studies."""
+    """Jobs of a full paper run, from the study design: 6 strata, 2 models, 2 studies."""
     strata, models, studies = 6, 2, ["study1", "study2"]
     assert len(PAPER["datasets"]["strata"]) == strata and len(PAPER["models"]) == models
     return {

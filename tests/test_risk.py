@@ -1,4 +1,4 @@
-"""kvdiverge.risk (SPEC §1–§2): moments against exact enumeration, identities, closed forms."""
+"""kvdiverge.risk: moments against exact enumeration, identities, closed forms."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def mismatch_arrays(draw, horizon=None):
 
 
 def loop_statistics(mismatch: np.ndarray) -> dict[str, float]:
-    """Plain-loop reference for the SPEC §2 moments (equal path weights)."""
+    """Plain-loop reference for the timing moments (equal path weights)."""
     n, H = mismatch.shape
     occ = exp_steps = post = total = 0.0
     for row in mismatch.tolist():
@@ -120,7 +120,7 @@ def test_gap_decomposition_identity(pair):
     assert gap["sum"] == pytest.approx(delta_r, abs=1e-14)
     assert gap["occurrence"] + gap["exposure"] + gap["rate"] == pytest.approx(delta_r, abs=1e-14)
     assert gap["occurrence"] == pytest.approx(b["O_H"] - a["O_H"], abs=1e-15)
-    # Terms as SPEC §2 writes them, where both rates are defined.
+    # Terms as docs/method.md writes them, where both rates are defined.
     if a["E_H"] > 0 and b["E_H"] > 0:
         mean_c = (a["C_H"] + b["C_H"]) / 2
         mean_e = (a["E_H"] + b["E_H"]) / 2
@@ -185,7 +185,7 @@ def test_exact_moments_against_enumeration(seed, vocab, H):
     for key in ("R_SMC", "O_H", "E_H", "Pi_H", "C_H"):
         assert components[key] == pytest.approx(exact[key], abs=1e-13)
     assert risk.rollout_tv_risk(law.delta, law.prob) == pytest.approx(exact["R"], abs=1e-13)
-    # Same expectation (SPEC §1): R = R_SMC.
+    # Same expectation: R = R_SMC.
     assert exact["R"] == pytest.approx(exact["R_SMC"], abs=1e-13)
     fixed = np.array(
         [

@@ -1,4 +1,4 @@
-"""Training the demo models (kvdiverge.training; README "Demo models"; DESIGN §6)."""
+"""Training the demo models (kvdiverge.training; README "Demo models")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""End to end: the finite-state target of the Snakemake pipeline (SPEC §4, DESIGN §3.5)."""
+"""End to end: the finite-state target of the Snakemake pipeline."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Reruns (issue 6, DESIGN §5): editing a package module reruns exactly the jobs of the rules
-that use it, and editing a config value reruns exactly the jobs that take it (plus the jobs
-downstream of their outputs, whose inputs change)."""
+"""Reruns (issue 6; `docs/architecture.md`, "Reruns"): editing a package module reruns exactly
+the jobs of the rules that use it, and editing a config value reruns exactly the jobs that take
+it (plus the jobs downstream of their outputs, whose inputs change)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""End to end: rules build_demo_model and rollout_<study> (DESIGN §2, §3.2; README)."""
+"""End to end: rules build_demo_model and rollout_<study> (README)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Total variation, the maximal-coupling step and common random numbers (SPEC §1, §6).
+"""Total variation, the maximal-coupling step and common random numbers.
+
+Documented in `docs/method.md`, "The coupled pair", "End of sequence" and "Common random numbers".
 
 Everything here is vectorized over rows: ``p`` and ``q`` are ``(..., V)`` arrays of
 probabilities (numpy arrays or torch tensors; the result has the same kind).
@@ -26,7 +28,7 @@ __all__ = [
 
 
 class Stream(IntEnum):
-    """Named random-number streams (SPEC §6): each draw of a step has its own stream."""
+    """Named random-number streams: each draw of a step has its own stream."""
 
     REFERENCE = 0  # X_t by inverse CDF: shared by every action of a document
     ACCEPT = 1  # accept Y = X with probability min(1, q(X)/p(X))
@@ -42,7 +44,7 @@ def _is_torch(a: Any) -> bool:
 
 
 def tv(p: Any, q: Any) -> Any:
-    """TV(p, q) = 1/2 Σ_u |p(u) − q(u)| along the last axis (SPEC notation)."""
+    """TV(p, q) = 1/2 Σ_u |p(u) − q(u)| along the last axis."""
     return 0.5 * abs(p - q).sum(-1)
 
 
@@ -116,9 +118,8 @@ def crn_uniforms(
 ) -> np.ndarray:
     """Common random numbers: one uniform in [0, 1) per (seed, document, replicate, step, stream).
 
-    SPEC §6: the reference token X_t is drawn by inverse CDF from a uniform that depends only
-    on (seed, document, replicate, t); the coupling's accept and residual draws use separate
-    streams.
+    The reference token X_t is drawn by inverse CDF from a uniform that depends only on (seed,
+    document, replicate, t); the coupling's accept and residual draws use separate streams.
     The value is a counter-based hash (SplitMix64 chained over the key), so any subset of draws
     can be generated in any order and batch shape and always gives the same numbers.
     ``replicate`` and ``step`` broadcast against each other; ``salt`` separates further families
@@ -172,13 +173,13 @@ def _take(a: Any, idx: Any) -> Any:
 
 
 def maximal_coupling_step(p: Any, q: Any, u: Any, sampler: str = "accept") -> tuple[Any, Any]:
-    """One step of the maximal coupling of p and q, vectorized over rows (SPEC §1).
+    """One step of the maximal coupling of p and q, vectorized over rows.
 
     ``u`` holds three independent uniforms per row, shape ``(..., 3)``.
 
-    * ``sampler="accept"`` (the default, SPEC §6): X ~ p by inverse CDF at ``u[..., 0]``; Y = X
-      if ``u[..., 1] · p(X) < q(X)`` (probability min(1, q(X)/p(X))), else Y ~ (q − p)+ / e by
-      inverse CDF at ``u[..., 2]``.
+    * ``sampler="accept"`` (the default; `docs/method.md`, "Common random numbers"): X ~ p by
+      inverse CDF at ``u[..., 0]``; Y = X if ``u[..., 1] · p(X) < q(X)`` (probability
+      min(1, q(X)/p(X))), else Y ~ (q − p)+ / e by inverse CDF at ``u[..., 2]``.
     * ``sampler="overlap"``: with probability 1 − e (``u[..., 0] < 1 − e``) draw one token from
       c / (1 − e), c = min(p, q), at ``u[..., 1]`` and set X = Y; otherwise X ~ (p − c)/e at
       ``u[..., 1]`` and Y ~ (q − c)/e at ``u[..., 2]``.
@@ -228,7 +229,7 @@ def maximal_coupling_step(p: Any, q: Any, u: Any, sampler: str = "accept") -> tu
 
 
 def maximal_coupling_joint(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Exact joint law (V × V matrix) of the maximal coupling of two distributions (SPEC §1).
+    """Exact joint law (V × V matrix) of the maximal coupling of two distributions.
 
     J[u, u] = min(p(u), q(u)); off the diagonal J[x, y] = (p − c)(x) (q − c)(y) / e.
     """

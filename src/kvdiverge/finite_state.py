@@ -1,11 +1,12 @@
 """Finite-state autoregressive kernel pairs: coupled rollouts, exact DP, naive and SWRB estimators.
 
-SPEC §4 (paper §4.4). A finite-state kernel pair has S history states and a vocabulary of V
-tokens; history enters the kernels only through the state, so P_t(·|X_<t) = P[x_t] and
-Q_t(·|Y_<t) = Q[y_t], where x_t (y_t) is the state reached from ``init_state`` by the tokens
-X_<t (Y_<t) through the shared ``transition`` table. The reference chain X and the intervention
-chain Y each carry their own state. EOS is absorbing (SPEC §1): emitting the ``eos`` token moves
-a chain to a state whose kernels are the point mass on EOS and which EOS maps to itself.
+`docs/method.md`, "Survival-weighted residual branching". A finite-state kernel pair has S
+history states and a vocabulary of V tokens; history enters the kernels only through the state,
+so P_t(·|X_<t) = P[x_t] and Q_t(·|Y_<t) = Q[y_t], where x_t (y_t) is the state reached from
+``init_state`` by the tokens X_<t (Y_<t) through the shared ``transition`` table. The reference
+chain X and the intervention chain Y each carry their own state. EOS is absorbing ("End of
+sequence"): emitting the ``eos`` token moves a chain to a state whose kernels are the point mass
+on EOS and which EOS maps to itself.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _fail(field: str, expected: str) -> None:
 
 @dataclass(frozen=True)
 class FiniteStateKernelPair:
-    """A pair of finite-state next-token kernels (SPEC §1, §4 finite-state study).
+    """A pair of finite-state next-token kernels.
 
     ``P[s]`` and ``Q[s]`` are the reference and intervention next-token distributions in history
     state ``s`` (shape ``(S, V)``); ``transition[s, v]`` is the state after emitting token ``v``
@@ -151,7 +152,7 @@ def coupled_rollouts(
     document: int | str = 0,
     salt: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Stepwise maximal coupling Γ(P, Q) run for H steps on ``n_paths`` paths (SPEC §1, §6).
+    """Stepwise maximal coupling Γ(P, Q) run for H steps on ``n_paths`` paths.
 
     Each step uses the accept sampler of ``kvdiverge.coupling.maximal_coupling_step`` with common
     random numbers keyed by (seed, document, replicate = path, step = t, stream) for the
@@ -198,7 +199,7 @@ def _check_positive_int(name: str, value: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The §4.4 family
+# The finite-state family
 # --------------------------------------------------------------------------------------------
 
 FAMILY_KEYS = (
@@ -243,7 +244,7 @@ def _family_section(config: Mapping[str, Any]) -> tuple[int, Mapping[str, Any]]:
 
 
 def family_parameters(config: Mapping[str, Any]) -> list[dict[str, float]]:
-    """The mixing weights of the §4.4 family (SPEC §4): one dict per system.
+    """The mixing weights of the finite-state family: one dict per system.
 
     System c = 0..n−1 has λ = (0.05 + 0.45 c/(n−1))·U·V with U ~ Unif[0.5, 1], V ~ Unif[0, 1]
     (the paper's n = 25 gives its c/24). Keys: ``system``, ``c``, ``U``, ``V``, ``lambda``.
@@ -274,7 +275,7 @@ def random_machine(
     eos_prob: float,
     dirichlet_alpha: float,
 ) -> tuple[np.ndarray, np.ndarray, int | None]:
-    """A random reference kernel on a random finite-state machine (SPEC §4 finite-state study).
+    """A random reference kernel on a random finite-state machine.
 
     Live states 0..n_states−1 (0 is the empty history) move to a uniformly drawn live state on
     each non-EOS token; with ``eos_prob > 0`` token V−1 is EOS and leads to the absorbing state
@@ -303,7 +304,7 @@ def random_machine(
 
 
 def family(config: Mapping[str, Any]) -> list[FiniteStateKernelPair]:
-    """The finite-state family of SPEC §4 (paper §4.4): Q = (1 − λ)P + λA per system.
+    """The finite-state family: Q = (1 − λ)P + λA per system.
 
     ``config`` is the validated configuration (keys ``seed`` and ``finite_state``). Each system
     has its own random machine and reference P (:func:`random_machine`) and an alternative
@@ -337,7 +338,7 @@ def family(config: Mapping[str, Any]) -> list[FiniteStateKernelPair]:
 
 @dataclass(frozen=True)
 class ExactRisk:
-    """Exact divergence-timing quantities of a kernel pair over horizon H (SPEC §2, §3).
+    """Exact divergence-timing quantities of a kernel pair over horizon H.
 
     ``p[s-1]`` = p_s = P(τ = s); ``rho[s-1, j]`` = ρ_{s,j} = P(I_{s+j} = 1 | τ = s) for
     0 ≤ j ≤ H − s (ρ_{s,0} = 1; entries with p_s = 0 or j > H − s are 0); ``mismatch`` holds
@@ -360,18 +361,18 @@ class ExactRisk:
         return float(self.p.sum())
 
     def R_L(self, L: int) -> float:
-        """Observed contribution R_L = (1/H) Σ_s p_s Σ_{j<ℓ_s} ρ_{s,j} (SPEC §3)."""
+        """Observed contribution R_L = (1/H) Σ_s p_s Σ_{j<ℓ_s} ρ_{s,j}."""
         return float(observed_contribution(self.p, self.rho, self.H, L))
 
     def B_L(self, L: int) -> float:
-        """Unobserved capacity B_L = (1/H) Σ_s p_s (H − s + 1 − ℓ_s) (SPEC §3)."""
+        """Unobserved capacity B_L = (1/H) Σ_s p_s (H − s + 1 − ℓ_s)."""
         return float(unobserved_capacity(self.p, self.H, L))
 
 
 def _pair_operators(
     pair: FiniteStateKernelPair,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Coupled-chain operators from the stepwise maximal-coupling joint laws (SPEC §1).
+    """Coupled-chain operators from the stepwise maximal-coupling joint laws.
 
     Returns ``(agree, enter, K, delta)``: ``agree[s, s']`` the probability of agreeing and moving
     s → s'; ``enter[s, x'·S + y']`` the probability of diverging in agreed state s and landing in
@@ -400,10 +401,10 @@ def _pair_operators(
 def exact_risk(pair: FiniteStateKernelPair, H: int) -> ExactRisk:
     """Exact R_SMC, O_H, Π_H, E_H, C_H, p_s and the full ρ by DP over the coupled chain.
 
-    SPEC §2-§4 (finite-state study). Before divergence both chains share one state; at step t the
-    agreed mass in state s diverges with probability e_s = TV(P[s], Q[s]) into the state pairs
-    given by the off-diagonal of the maximal-coupling joint law; after divergence the law of the
-    state pair (x, y) evolves by the one-step operator K, and E[I_t | x, y] = TV(P[x], Q[y]).
+    Before divergence both chains share one state; at step t the agreed mass in state s
+    diverges with probability e_s = TV(P[s], Q[s]) into the state pairs given by the
+    off-diagonal of the maximal-coupling joint law; after divergence the law of the state pair
+    (x, y) evolves by the one-step operator K, and E[I_t | x, y] = TV(P[x], Q[y]).
     One propagation per entry time s gives E[I_{s+j} 1{τ = s}] for every j ≤ H − s.
     """
     _check_positive_int("H", H)
@@ -451,7 +452,7 @@ SWRB_SALT = 1
 
 @dataclass(frozen=True)
 class BranchReplicates:
-    """Per-replicate output of a branch estimator (SPEC §4), naive or SWRB.
+    """Per-replicate output of a branch estimator, naive or SWRB.
 
     ``weight`` (n,): the factor in front of the branch — 1 for a naive rollout, M = P(τ ≤ H | U)
     for SWRB; ``entry`` (n,): the branch entry time (τ for naive, J for SWRB; H + 1 when there is
@@ -475,19 +476,19 @@ class BranchReplicates:
         return self.entry <= self.H
 
     def Z_R(self) -> np.ndarray:
-        """Z^R = M·D_J for SWRB, B·D_H for naive: unbiased for R_SMC (SPEC §4.4)."""
+        """Z^R = M·D_J for SWRB, B·D_H for naive: unbiased for R_SMC."""
         return self.weight * self.mismatch.sum(1) / self.H
 
     def Z_O(self) -> np.ndarray:
-        """Z^O = M/H for SWRB, 1{τ ≤ H}/H for naive: unbiased for O_H (SPEC §4.4)."""
+        """Z^O = M/H for SWRB, 1{τ ≤ H}/H for naive: unbiased for O_H."""
         return self.weight * self._has_branch() / self.H
 
     def Z_Pi(self) -> np.ndarray:
-        """Z^Π = M(D_J − 1/H) for SWRB, B(D_H − 1/H) for naive: unbiased for Π_H (SPEC §4.4)."""
+        """Z^Π = M(D_J − 1/H) for SWRB, B(D_H − 1/H) for naive: unbiased for Π_H."""
         return self.Z_R() - self.Z_O()
 
     def Z_L(self, L: int) -> np.ndarray:
-        """Z_L = M·(1/H) Σ_{j<ℓ_J} I_{J+j}: unbiased for R_L (SPEC §4.5)."""
+        """Z_L = M·(1/H) Σ_{j<ℓ_J} I_{J+j}: unbiased for R_L."""
         _check_positive_int("L", L)
         t = np.arange(1, self.H + 1)[None, :]
         start = self.entry[:, None]
@@ -495,7 +496,7 @@ class BranchReplicates:
         return self.weight * (self.mismatch & inside).sum(1) / self.H
 
     def W_L(self, L: int) -> np.ndarray:
-        """W_L = M·(H − J + 1 − ℓ_J)/H: unbiased for B_L (SPEC §4.5)."""
+        """W_L = M·(H − J + 1 − ℓ_J)/H: unbiased for B_L."""
         _check_positive_int("L", L)
         remaining = np.clip(self.H - self.entry + 1, 0, None)
         return self.weight * (remaining - np.minimum(L, remaining)) / self.H
@@ -509,7 +510,7 @@ def naive_replicates(
     document: int | str = 0,
     salt: int = NAIVE_SALT,
 ) -> BranchReplicates:
-    """Naive estimator: one full coupled rollout per replicate, B·D_H (SPEC §4.4).
+    """Naive estimator: one full coupled rollout per replicate, B·D_H.
 
     Cost: one kernel-pair evaluation per step at which at least one chain is outside the
     absorbing EOS states (H per rollout without EOS); once both have emitted EOS the rest of the
@@ -532,7 +533,7 @@ def swrb_replicates(
     document: int | str = 0,
     salt: int = SWRB_SALT,
 ) -> BranchReplicates:
-    """Survival-Weighted Residual Branching, vectorized over replicates (SPEC §4).
+    """Survival-Weighted Residual Branching, vectorized over replicates.
 
     1. Overlap scan: U_s ~ c_s/(1 − e_s) on the agreed history, by inverse CDF at the
        ``SWRB_SCAN`` stream. The scan stops early where e_s = 1 (K∩ undefined, later weights 0)
@@ -609,7 +610,7 @@ def swrb_replicates(
 def hoeffding_halfwidth(n: int, value_range: float, alpha: float) -> float:
     """Hoeffding half-width for the mean of n values in an interval of length ``value_range``.
 
-    P(|mean − E| ≥ h) ≤ α for h = range·sqrt(log(2/α)/(2n)) (used by SPEC §4.5's bounds).
+    P(|mean − E| ≥ h) ≤ α for h = range·sqrt(log(2/α)/(2n)) (used by the SWRB window bounds).
     """
     _check_positive_int("n", n)
     if not 0 < alpha < 1:
@@ -620,7 +621,7 @@ def hoeffding_halfwidth(n: int, value_range: float, alpha: float) -> float:
 def identified_interval_estimate(
     reps: BranchReplicates, L: int, alpha: float = 0.05, weight_bound: float = 1.0
 ) -> dict[str, float]:
-    """Estimates of the identified interval [R_L, R_L + B_L] with Hoeffding bounds (SPEC §4.5).
+    """Estimates of the identified interval [R_L, R_L + B_L] with Hoeffding bounds.
 
     The lower endpoint R_L is the mean of Z_L ∈ [0, m·min(L, H)/H]; the upper endpoint R_L + B_L
     the mean of Z_L + W_L ∈ [0, m], where m = ``weight_bound`` is a deterministic upper bound on
@@ -653,7 +654,7 @@ def identified_interval_estimate(
 def swrb_weight_bound(pair: FiniteStateKernelPair, H: int) -> float:
     """Deterministic bound on SWRB's weight: M = 1 − Π_s (1 − e_s) ≤ 1 − (1 − max_z e(z))^H.
 
-    e(z) = TV(P[z], Q[z]) over all states z, so the bound holds for every overlap scan (SPEC §4).
+    e(z) = TV(P[z], Q[z]) over all states z, so the bound holds for every overlap scan.
     """
     _check_positive_int("H", H)
     e_max = float(tv(pair.P, pair.Q).max())
@@ -668,14 +669,14 @@ def swrb_weight_bound(pair: FiniteStateKernelPair, H: int) -> float:
 def study_tables(
     config: Mapping[str, Any], log: Callable[[str], None] | None = None
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Run the finite-state study of SPEC §4 (paper §4.4) for the configured family.
+    """Run the finite-state study for the configured family.
 
     For each system: exact values by :func:`exact_risk`, ``n_reps`` naive and ``n_reps`` SWRB
     replicates (CRN document = system index). Returns ``(systems, windows)``: ``systems`` has the
-    DESIGN §3.5 columns; ``windows`` has one row per (system, L in ``window_depths``) with the
-    exact R_L, B_L, R_H and the SWRB estimates of both interval endpoints with Hoeffding bounds
-    (:func:`identified_interval_estimate`, level ``alpha``, weight bound
-    :func:`swrb_weight_bound`).
+    columns of `docs/architecture.md`, "File contracts"; ``windows`` has one row per (system, L
+    in ``window_depths``) with the exact R_L, B_L, R_H and the SWRB estimates of both interval
+    endpoints with Hoeffding bounds (:func:`identified_interval_estimate`, level ``alpha``,
+    weight bound :func:`swrb_weight_bound`).
     """
     seed, section = _family_section(config)
     H = int(section["horizon"])
@@ -743,7 +744,7 @@ def study_tables(
 
 
 def study_summary(systems: pl.DataFrame) -> dict[str, float]:
-    """Family summary of the finite-state study (SPEC §4, paper §4.4).
+    """Family summary of the finite-state study.
 
     ``var_ratio_min``/``_median``/``_max`` over systems; ``cost_factor`` = mean SWRB
     kernel-pair evaluations / mean naive evaluations (means over systems); ``advantage`` = the

@@ -1,4 +1,4 @@
-"""What a finite window after divergence identifies (SPEC §3).
+"""What a finite window after divergence identifies (`docs/method.md`, "What a window identifies").
 
 Conventions (public; other modules rely on them):
 
@@ -48,7 +48,7 @@ def _check_int(value: Any, name: str, minimum: int) -> int:
 
 
 def window_lengths(H: int, L: int) -> np.ndarray:
-    """Observed window length ℓ_s = min(L, H − s + 1) for s = 1..H (SPEC §3); int array (H,).
+    """Observed window length ℓ_s = min(L, H − s + 1) for s = 1..H; int array (H,).
 
     L ≥ 1: the divergence step itself (I_τ = 1) is always inside the window.
     """
@@ -95,7 +95,7 @@ def _horizon_mask(H: int) -> np.ndarray:
 
 
 def observed_contribution(p: Any, rho: Any, H: int, L: int) -> Any:
-    """Observed contribution R_L = (1/H) Σ_s p_s Σ_{j<ℓ_s} ρ_{s,j} (SPEC §3)."""
+    """Observed contribution R_L = (1/H) Σ_s p_s Σ_{j<ℓ_s} ρ_{s,j}."""
     mask = _window_mask(H, L)
     p = _validate_p(p, H)
     rho = _validate_rho(rho, p, H, mask, "rho")
@@ -103,20 +103,20 @@ def observed_contribution(p: Any, rho: Any, H: int, L: int) -> Any:
 
 
 def unobserved_capacity(p: Any, H: int, L: int) -> Any:
-    """Unobserved capacity B_L = (1/H) Σ_s p_s (H − s + 1 − ℓ_s) (SPEC §3)."""
+    """Unobserved capacity B_L = (1/H) Σ_s p_s (H − s + 1 − ℓ_s)."""
     unobserved = H - np.arange(1, H + 1) + 1 - window_lengths(H, L)
     p = _validate_p(p, H)
     return (p * unobserved).sum(-1) / H
 
 
 def identified_interval(p: Any, rho: Any, H: int, L: int) -> tuple[Any, Any]:
-    """Sharp identified set of R_SMC given the summary S_L = (p, ρ): [R_L, R_L + B_L] (SPEC §3)."""
+    """Sharp identified set of R_SMC given the summary S_L = (p, ρ): [R_L, R_L + B_L]."""
     low = observed_contribution(p, rho, H, L)
     return low, low + unobserved_capacity(p, H, L)
 
 
 def realized_tail(p: Any, rho_full: Any, H: int, L: int) -> Any:
-    """Realised tail R_H − R_L = (1/H) Σ_{s: p_s>0} p_s Σ_{j=ℓ_s}^{H−s} ρ_{s,j} (SPEC §3).
+    """Realised tail R_H − R_L = (1/H) Σ_{s: p_s>0} p_s Σ_{j=ℓ_s}^{H−s} ρ_{s,j}.
 
     ``rho_full`` is the full branch profile (0 ≤ j ≤ H − s); the result lies in [0, B_L].
     """
@@ -142,23 +142,20 @@ def _scalar(value: np.ndarray) -> Any:
 
 
 def minimax_midpoint(low: Any, high: Any) -> Any:
-    """Minimax point estimate of a target known only to lie in [low, high]: the midpoint.
-
-    SPEC §3.
-    """
+    """Minimax point estimate of a target known only to lie in [low, high]: the midpoint."""
     low, high = _interval((low, high), "interval")
     return _scalar(0.5 * (low + high))
 
 
 def worst_case_absolute_error(estimate: Any, low: Any, high: Any) -> Any:
-    """sup over u in [low, high] of |T − u| = max(|T − low|, |T − high|) (SPEC §3)."""
+    """sup over u in [low, high] of |T − u| = max(|T − low|, |T − high|)."""
     low, high = _interval((low, high), "interval")
     t = np.asarray(estimate, dtype=np.float64)
     return _scalar(np.maximum(np.abs(t - low), np.abs(t - high)))
 
 
 def worst_case_squared_error(estimate: Any, low: Any, high: Any) -> Any:
-    """sup over u in [low, high] of (T − u)² = max((T − low)², (T − high)²) (SPEC §3).
+    """sup over u in [low, high] of (T − u)² = max((T − low)², (T − high)²).
 
     It is at least the average of the two, (T − low − b/2)² + b²/4 with b = high − low, so at
     least b²/4, with equality at the midpoint.
@@ -167,7 +164,7 @@ def worst_case_squared_error(estimate: Any, low: Any, high: Any) -> Any:
 
 
 def minimax_errors(low: Any, high: Any) -> dict[str, Any]:
-    """Minimax worst-case errors over [r, r + b]: ``absolute`` = b/2, ``squared`` = b²/4 (SPEC §3).
+    """Minimax worst-case errors over [r, r + b]: ``absolute`` = b/2, ``squared`` = b²/4.
 
     Both are attained by the midpoint (``minimax_midpoint``).
     """
@@ -177,7 +174,7 @@ def minimax_errors(low: Any, high: Any) -> dict[str, Any]:
 
 
 def contrast_interval(interval_a: Any, interval_b: Any) -> tuple[Any, Any]:
-    """Identified set of R(b) − R(a) from the two actions' intervals (SPEC §3).
+    """Identified set of R(b) − R(a) from the two actions' intervals.
 
     ``[r_b_low − r_a_high, r_b_high − r_a_low]``: the two summaries constrain the two kernel
     pairs separately, so every point of the product of the intervals is attainable.
@@ -188,7 +185,7 @@ def contrast_interval(interval_a: Any, interval_b: Any) -> tuple[Any, Any]:
 
 
 def sign_identified(interval: Any) -> Any:
-    """Sign of a contrast identified by its interval (SPEC §3): +1 if low > 0, −1 if high < 0,
+    """Sign of a contrast identified by its interval: +1 if low > 0, −1 if high < 0,
     0 (not identified) when the closed interval contains 0."""
     low, high = _interval(interval, "interval")
     sign = np.where(low > 0, 1, np.where(high < 0, -1, 0))
@@ -198,7 +195,7 @@ def sign_identified(interval: Any) -> Any:
 def intersect_intervals(interval: Any, other: Any) -> tuple[Any, Any]:
     """Intersection of two identified sets, e.g. [R_L, R_L + B_L] with a fixed-reference set.
 
-    SPEC §3: with a fixed reference P0 the identified set I_L(P0; p, ρ) stays inside
+    With a fixed reference P0 the identified set I_L(P0; p, ρ) stays inside
     [R_L, R_L + B_L], so intersecting can only shrink the interval. An empty intersection means
     the two sets are incompatible and raises ValueError.
     """
@@ -215,7 +212,7 @@ def attaining_kernel_pair(
 ) -> KernelPair:
     """An explicit kernel pair with summary S_L = (p, ρ) whose R_SMC is an end of the interval.
 
-    SPEC §3 (sharpness). Vocabulary {0, 1, 2}; 0 is the "agree" token, P marks a disagreement
+    Proves sharpness. Vocabulary {0, 1, 2}; 0 is the "agree" token, P marks a disagreement
     with 1 and Q with 2. Each kernel reads only its own history; s denotes the position of the
     first non-zero token in it (the entry time once the histories have split), t = len + 1.
 

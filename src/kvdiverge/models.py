@@ -1,10 +1,11 @@
 """Models and tokenizers: loading any causal LM, chat prompts, EOS ids and tiny demo models.
 
-SPEC §5: the models are chat models with their chat template applied; the tokenized prompt
-length n (which fixes every budget) is the length of the user message wrapped by the template
-with the generation prompt. Real models and the two demo models built here go through exactly
-the same loading path (``AutoTokenizer`` / ``AutoModelForCausalLM`` from a directory or hub id,
-safetensors only, remote code only when enabled for that model).
+The models are chat models with their chat template applied (`docs/method.md`, "The
+language-model study"): the tokenized prompt length n (which fixes every budget) is the length of
+the user message wrapped by the template with the generation prompt. Real models and the two demo
+models built here go through exactly the same loading path (``AutoTokenizer`` /
+``AutoModelForCausalLM`` from a directory or hub id, safetensors only, remote code only when
+enabled for that model).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ DEMO_KINDS: tuple[str, ...] = tuple(_DEMO_SPECS)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` → CUDA when present, else CPU (DESIGN §4); ``cpu``/``cuda`` as given."""
+    """``auto`` → CUDA when present, else CPU; ``cpu``/``cuda`` as given."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -128,7 +129,7 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` → bf16 on CUDA, fp32 on CPU (DESIGN §4); ``float32``/``bfloat16`` as given."""
+    """``auto`` → bf16 on CUDA, fp32 on CPU; ``float32``/``bfloat16`` as given."""
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -140,21 +141,21 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 def load_tokenizer(
     path_or_id: str, trust_remote_code: bool = False, revision: str | None = None
 ) -> PreTrainedTokenizerBase:
-    """The tokenizer of a local model directory or hub id (SPEC §5); honours ``HF_HUB_OFFLINE``."""
+    """The tokenizer of a local model directory or hub id; honours ``HF_HUB_OFFLINE``."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(
         str(path_or_id), trust_remote_code=trust_remote_code, revision=revision
     )
     if not getattr(tok, "chat_template", None):
-        raise ValueError(f"{path_or_id}: tokenizer has no chat template (SPEC §5 needs one)")
+        raise ValueError(f"{path_or_id}: tokenizer has no chat template (prompts are chat-wrapped)")
     return tok
 
 
 def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
     """Token ids of ``prompt`` as the user message of the chat template, with generation prompt.
 
-    SPEC §5: "tokenized prompt length n" is ``len(chat_prompt_ids(tokenizer, prompt))``. The
+    The tokenized prompt length n is ``len(chat_prompt_ids(tokenizer, prompt))``. The
     template is rendered to text and encoded without adding special tokens again (the template
     itself writes BOS where the model wants it), as ``apply_chat_template`` does.
     """
@@ -172,7 +173,7 @@ def load_model(
     revision: str | None = None,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """Load a causal LM for rollouts (SPEC §5, DESIGN §4): eval mode, safetensors weights only.
+    """Load a causal LM for rollouts: eval mode, safetensors weights only.
 
     ``device``: auto|cpu|cuda (auto → CUDA when present); ``dtype``: auto|float32|bfloat16
     (auto → bf16 on CUDA, fp32 on CPU). Remote code runs only with ``trust_remote_code=True``.
@@ -231,7 +232,7 @@ def _train_demo_tokenizer(vocab_size: int, special: list[str]):
 
 def demo_spec_digest(kind: DemoKind) -> str:
     """SHA-256 of demo architecture ``kind``'s spec: model config, tokenizer vocabulary size,
-    special tokens, chat template and corpus (DESIGN §6; part of a trained model's fingerprint,
+    special tokens, chat template and corpus (part of a trained model's fingerprint,
     so that editing ``load_model`` or other loading code does not mark trained weights stale)."""
     import hashlib
     import json
@@ -243,7 +244,7 @@ def demo_spec_digest(kind: DemoKind) -> str:
 
 
 def demo_tokenizer_and_config(kind: DemoKind, initializer_range: float = 0.02) -> tuple[Any, Any]:
-    """The tokenizer and an (unweighted) model config of demo architecture ``kind`` (DESIGN §6).
+    """The tokenizer and an (unweighted) model config of demo architecture ``kind``.
 
     The tokenizer is byte-level BPE trained deterministically on the built-in corpus, with the
     kind's chat template, EOS and pad tokens; the config is ``LlamaConfig`` (grouped-query
@@ -283,7 +284,7 @@ def save_model_dir(
 ) -> Path:
     """Write ``model`` (safetensors), its generation config and ``tokenizer`` into ``out_dir``,
     plus ``extra_files`` (name → text), all at once: built in a sibling temporary folder that
-    then replaces ``out_dir`` (a reader never sees a half-written model; DESIGN §2)."""
+    then replaces ``out_dir`` (a reader never sees a half-written model)."""
     from transformers import GenerationConfig
 
     cfg = model.config
@@ -313,7 +314,7 @@ def build_demo_model(
     head_range: float = 0.5,
     embed_range: float = 1.0,
 ) -> Path:
-    """Build a tiny demo model of architecture ``kind`` into ``out_dir`` (DESIGN §2, §6).
+    """Build a tiny demo model of architecture ``kind`` into ``out_dir`` (README "Demo models").
 
     Writes config.json, generation_config.json, model.safetensors and the tokenizer (byte-level
     BPE trained deterministically on a built-in corpus, with chat template and EOS) through

@@ -1,6 +1,7 @@
 """Divergence timing, exposure and occupation: τ, O_H, E_H, C_H, Π_H and the gap decomposition.
 
-Implements SPEC §2 (and the risks R_SMC, R, F of SPEC §1) as empirical moments over coupled paths.
+Implements `docs/method.md`, "Divergence timing and occupation" (and the risks R_SMC, R, F of
+"The coupled pair"), as empirical moments over coupled paths.
 
 Conventions
 -----------
@@ -118,7 +119,7 @@ def _check_probability(value: Any, name: str) -> float:
 
 
 def first_divergence(mismatch: Any) -> np.ndarray:
-    """First divergence τ = min{t ≤ H : I_t = 1} per path (SPEC §2).
+    """First divergence τ = min{t ≤ H : I_t = 1} per path.
 
     1-based; the value ``H + 1`` encodes τ = ∞.
     Returns an int64 array of shape (n_paths,).
@@ -129,13 +130,13 @@ def first_divergence(mismatch: Any) -> np.ndarray:
 
 
 def mismatch_fraction(mismatch: Any) -> np.ndarray:
-    """Per-path mismatch fraction D_H = (1/H) Σ_t I_t (SPEC §1); shape (n_paths,)."""
+    """Per-path mismatch fraction D_H = (1/H) Σ_t I_t; shape (n_paths,)."""
     m = _as_mismatch(mismatch)
     return m.sum(axis=1) / m.shape[1]
 
 
 def path_statistics(mismatch: Any) -> dict[str, np.ndarray]:
-    """Per-path sufficient statistics of SPEC §2, each of shape (n_paths,).
+    """Per-path sufficient statistics of divergence timing, each of shape (n_paths,).
 
     * ``tau``: first divergence (1-based, ``H + 1`` for τ = ∞),
     * ``diverged``: 1{τ ≤ H} (bool),
@@ -165,28 +166,28 @@ def path_statistics(mismatch: Any) -> dict[str, np.ndarray]:
 
 
 def occurrence(mismatch: Any, weights: Any = None) -> float:
-    """Occurrence (first-mismatch contribution) O_H = P(τ ≤ H) / H (SPEC §2), a path average."""
+    """Occurrence (first-mismatch contribution) O_H = P(τ ≤ H) / H, a path average."""
     m = _as_mismatch(mismatch)
     w = _normalized_weights(weights, m.shape[0])
     return float(w @ m.any(axis=1)) / m.shape[1]
 
 
 def exposure(mismatch: Any, weights: Any = None) -> float:
-    """Post-divergence exposure E_H = E[(H − τ)+] / H (SPEC §2), averaged over paths."""
+    """Post-divergence exposure E_H = E[(H − τ)+] / H, averaged over paths."""
     m = _as_mismatch(mismatch)
     w = _normalized_weights(weights, m.shape[0])
     return float(w @ path_statistics(m)["exposure_steps"]) / m.shape[1]
 
 
 def post_divergence_component(mismatch: Any, weights: Any = None) -> float:
-    """Post-divergence component Π_H = E[Σ_{t>τ} I_t] / H (SPEC §2), averaged over paths."""
+    """Post-divergence component Π_H = E[Σ_{t>τ} I_t] / H, averaged over paths."""
     m = _as_mismatch(mismatch)
     w = _normalized_weights(weights, m.shape[0])
     return float(w @ path_statistics(m)["post_mismatches"]) / m.shape[1]
 
 
 def post_divergence_rate(mismatch: Any, weights: Any = None) -> float:
-    """Post-divergence mismatch rate C_H = E[Σ_{t>τ} I_t] / E[(H − τ)+] (SPEC §2).
+    """Post-divergence mismatch rate C_H = E[Σ_{t>τ} I_t] / E[(H − τ)+].
 
     A ratio of path averages (= Π_H / E_H). Undefined, returned as NaN, when E_H = 0 (no path
     has a post-divergence step).
@@ -201,35 +202,35 @@ def post_divergence_rate(mismatch: Any, weights: Any = None) -> float:
 
 
 def token_mismatch_risk(mismatch: Any, weights: Any = None) -> float:
-    """Token-mismatch risk R_SMC = E[D_H] (SPEC §1), averaged over paths."""
+    """Token-mismatch risk R_SMC = E[D_H], averaged over paths."""
     m = _as_mismatch(mismatch)
     w = _normalized_weights(weights, m.shape[0])
     return float(w @ mismatch_fraction(m))
 
 
 def rollout_tv_risk(delta: Any, weights: Any = None) -> float:
-    """Rollout-TV risk R = (1/H) Σ_t E_Γ[δ_t] (SPEC §1), averaged over paths and steps."""
+    """Rollout-TV risk R = (1/H) Σ_t E_Γ[δ_t], averaged over paths and steps."""
     d = _as_tv(delta, "delta")
     w = _normalized_weights(weights, d.shape[0])
     return float(w @ d.mean(axis=1))
 
 
 def fixed_history_risk(f: Any, weights: Any = None) -> float:
-    """Fixed-history risk F = (1/H) Σ_t E_{X~P}[f_t] (SPEC §1), averaged over paths and steps."""
+    """Fixed-history risk F = (1/H) Σ_t E_{X~P}[f_t], averaged over paths and steps."""
     a = _as_tv(f, "f")
     w = _normalized_weights(weights, a.shape[0])
     return float(w @ a.mean(axis=1))
 
 
 def divergence_cdf(mismatch: Any, weights: Any = None) -> np.ndarray:
-    """Divergence CDF P(τ ≤ t) for t = 1..H (SPEC §2); shape (H,)."""
+    """Divergence CDF P(τ ≤ t) for t = 1..H; shape (H,)."""
     m = _as_mismatch(mismatch)
     w = _normalized_weights(weights, m.shape[0])
     return w @ np.logical_or.accumulate(m, axis=1).astype(np.float64)
 
 
 def mean_entry_time(mismatch: Any, weights: Any = None) -> float:
-    """Conditional mean entry time E[τ | τ ≤ H] (SPEC §2); NaN when no path diverges."""
+    """Conditional mean entry time E[τ | τ ≤ H]; NaN when no path diverges."""
     m = _as_mismatch(mismatch)
     w = _normalized_weights(weights, m.shape[0])
     tau = first_divergence(m)
@@ -241,7 +242,7 @@ def mean_entry_time(mismatch: Any, weights: Any = None) -> float:
 
 
 def risk_components(mismatch: Any, weights: Any = None) -> dict[str, float]:
-    """All SPEC §2 moments of one action: ``R_SMC, O_H, E_H, C_H, Pi_H`` (C_H NaN if E_H = 0).
+    """All timing moments of one action: ``R_SMC, O_H, E_H, C_H, Pi_H`` (C_H NaN if E_H = 0).
 
     The result is the input ``gap_decomposition`` expects. R_SMC = O_H + Π_H holds exactly per
     path (in integers), hence for the averages up to float rounding.
@@ -268,7 +269,7 @@ def risk_components(mismatch: Any, weights: Any = None) -> dict[str, float]:
 
 
 def gap_decomposition(a_stats: Mapping[str, Any], b_stats: Mapping[str, Any]) -> dict[str, Any]:
-    """Gap decomposition ΔR_SMC = ΔO_H + ΔE_H·C̄_H + ΔC_H·Ē_H between actions a and b (SPEC §2).
+    """Gap decomposition ΔR_SMC = ΔO_H + ΔE_H·C̄_H + ΔC_H·Ē_H between actions a and b.
 
     ``a_stats`` and ``b_stats`` hold ``O_H``, ``E_H`` and ``Pi_H`` (e.g. from
     ``risk_components``; values may be arrays, e.g. bootstrap draws, and broadcast). C_H is
@@ -339,14 +340,14 @@ def gap_decomposition(a_stats: Mapping[str, Any], b_stats: Mapping[str, Any]) ->
 
 
 def geometric_first_divergence_law(e: float, H: int) -> np.ndarray:
-    """First-divergence law p_s = (1 − e)^{s−1} e, s = 1..H, for constant TV e (SPEC §2)."""
+    """First-divergence law p_s = (1 − e)^{s−1} e, s = 1..H, for constant TV e."""
     e = _check_probability(e, "e")
     H = _check_horizon(H)
     return (1.0 - e) ** np.arange(H) * e
 
 
 def geometric_risks(e: float, H: int) -> dict[str, Any]:
-    """Closed forms for history-independent kernels with constant TV e (SPEC §2).
+    """Closed forms for history-independent kernels with constant TV e.
 
     ``O_H = (1 − (1 − e)^H)/H``, ``R_SMC = e``, ``Pi_H = e − O_H``, ``p_s`` the geometric law;
     also ``E_H = Σ_s p_s (H − s)/H`` and ``C_H = e`` (after divergence every step mismatches
@@ -372,7 +373,7 @@ def geometric_risks(e: float, H: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class KernelPair:
-    """An explicit autoregressive kernel pair over a small vocabulary (SPEC §1, §3).
+    """An explicit autoregressive kernel pair over a small vocabulary.
 
     ``reference(x_<t)`` is P_t(· | x_<t) and ``intervention(y_<t)`` is Q_t(· | y_<t): each maps
     its own history (a tuple of token ids of length t − 1) to a probability vector of length
@@ -404,7 +405,7 @@ class PathLaw(NamedTuple):
 
 
 def exact_path_law(pair: KernelPair, H: int | None = None) -> PathLaw:
-    """Exact law of the stepwise maximal coupling Γ(P, Q) of a small kernel pair (SPEC §1).
+    """Exact law of the stepwise maximal coupling Γ(P, Q) of a small kernel pair.
 
     Expands all coupled pairs (x_≤t, y_≤t) step by step with the maximal-coupling joint law,
     keeping only cells of positive probability. The number of paths grows geometrically in H:
@@ -436,7 +437,7 @@ def exact_path_law(pair: KernelPair, H: int | None = None) -> PathLaw:
 
 
 def sequence_tv(law: PathLaw) -> float:
-    """TV between the sequence laws of X_{1:H} and Y_{1:H} under an exact path law (SPEC §2)."""
+    """TV between the sequence laws of X_{1:H} and Y_{1:H} under an exact path law."""
     masses: dict[tuple[int, ...], float] = {}
     for seq, sign in ((law.x, 1.0), (law.y, -1.0)):
         for row, prob in zip(map(tuple, seq.tolist()), law.prob.tolist(), strict=True):
@@ -445,7 +446,7 @@ def sequence_tv(law: PathLaw) -> float:
 
 
 def introductory_example(eps: float, H: int) -> dict[str, dict[str, Any]]:
-    """The introductory example of SPEC §2, computed from its two explicit kernel pairs.
+    """The introductory example (figure 1), computed from its two explicit kernel pairs.
 
     Reference: always emits token 0. Both interventions emit 1 at the first position with
     probability ε; then ``"revert"`` continues with 0s and ``"persist"`` repeats its first

@@ -78,7 +78,7 @@ def rollout_documents_actions(
     progress: Any = None,
     timing: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, pl.DataFrame]:
-    """Coupled rollouts of many documents under several actions: one §3.2 table per action.
+    """Coupled rollouts of many documents under several actions: one trajectory table per action.
 
     ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
     mapping does not run it. Each prompt is wrapped by the tokenizer's chat template

@@ -1,5 +1,6 @@
-# Section 5 analysis (SPEC §5; DESIGN §3.3-3.4; README "Analysis"): per-document statistics,
-# paired stratified bootstrap estimands, aggregate prediction and sample-size planning.
+# Section 5 analysis (docs/method.md, "Estimands" to "Sample-size planning"; README "Analysis"):
+# per-document statistics, paired stratified bootstrap estimands, aggregate prediction and
+# sample-size planning.
 
 
 rule document_stats:

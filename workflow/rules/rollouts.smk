@@ -1,6 +1,6 @@
-# Coupled rollouts (SPEC §1, §5, §6; DESIGN §3.2, §4): one rule per study, rollout_<study>, and
-# one job per (model, stratum) that loads the model once, prefills each document once and writes
-# the trajectory file of every action of the study.
+# Coupled rollouts (docs/architecture.md, "Coupled decoding" and "Rollout jobs"): one rule per
+# study, rollout_<study>, and one job per (model, stratum) that loads the model once, prefills
+# each document once and writes the trajectory file of every action of the study.
 
 
 for study in config["studies"]:

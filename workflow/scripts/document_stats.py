@@ -1,4 +1,4 @@
-"""Rule document_stats: trajectories → one row per (document, action) (DESIGN §3.3)."""
+"""Rule document_stats: trajectories → one row per (document, action)."""
 
 from kvdiverge.logs import job_log
 

@@ -1,4 +1,4 @@
-"""Rule estimands: every SPEC §5 estimand with paired bootstrap intervals (DESIGN §3.4)."""
+"""Rule estimands: every estimand with paired bootstrap intervals."""
 
 from kvdiverge.logs import job_log
 

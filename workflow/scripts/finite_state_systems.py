@@ -1,4 +1,4 @@
-"""Rule finite_state_systems: run the finite-state study (SPEC §4) and write its two tables."""
+"""Rule finite_state_systems: run the finite-state study and write its two tables."""
 
 from kvdiverge.logs import job_log
 

@@ -1,4 +1,4 @@
-"""Rule materialize_documents: one stratum's documents table (DESIGN §3.1)."""
+"""Rule materialize_documents: one stratum's documents table."""
 
 import sys
 

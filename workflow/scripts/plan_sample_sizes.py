@@ -1,4 +1,4 @@
-"""Rule plan_sample_sizes: evaluation K and documents from development data (SPEC §5)."""
+"""Rule plan_sample_sizes: evaluation K and documents from development data."""
 
 import json
 from itertools import product

@@ -1,4 +1,4 @@
-"""Rule prediction: aggregate prediction and Table 4 contrasts (SPEC §5, paper §5.7)."""
+"""Rule prediction: aggregate prediction and Table 4 contrasts."""
 
 from kvdiverge.logs import job_log
 

@@ -1,4 +1,4 @@
-"""Paired, stratified document bootstrap as a weights matrix (SPEC §5, "Uncertainty").
+"""Paired, stratified document bootstrap as a weights matrix (`docs/method.md`, "Uncertainty").
 
 Documents are resampled with replacement within their strata; one draw is a vector of
 multiplicities (a row of the weights matrix) applied to every action's statistics, so contrasts
@@ -21,7 +21,7 @@ def stratified_bootstrap_weights(
     """Multiplicities (draws, n_docs) of documents resampled with replacement within strata.
 
     Each row keeps every stratum's size: the multiplicities of a stratum's documents sum to its
-    document count (SPEC §5: "resampled within strata"). Seeded and vectorized: one integer draw
+    document count. Seeded and vectorized: one integer draw
     per (draw, document) and one ``bincount``.
     """
     labels = np.asarray(strata)

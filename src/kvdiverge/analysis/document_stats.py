@@ -1,15 +1,16 @@
-"""Per-document sufficient statistics (DESIGN §3.3) from trajectory files (DESIGN §3.2).
+"""Per-document sufficient statistics from trajectory files (`docs/architecture.md`, "File
+contracts").
 
-Every SPEC §5 estimand is a document average, or a ratio of two document averages, of the
-replicate-averaged per-path quantities computed here. The bootstrap resamples rows of the table
-this module builds, never trajectories.
+Every estimand (`docs/method.md`, "Estimands") is a document average, or a ratio of two document
+averages, of the replicate-averaged per-path quantities computed here. The bootstrap resamples
+rows of the table this module builds, never trajectories.
 
 Per path (one (document, replicate) of one action), with τ the first divergence (H + 1 when
 none), e_X / e_Y the first step at which X / Y has emitted EOS (H + 1 when never),
 e = min(e_X, e_Y), e' = max(e_X, e_Y) and d the branch-cohort depth (64 at H = 128):
 
 =====================  =====================================================================
-column                 per-path value (SPEC §2, §5)
+column                 per-path value
 =====================  =====================================================================
 mismatch               D_H = (1/H) Σ_t I_t
 mismatch_sq            D_H² (within-document variance for sample-size planning)
@@ -79,7 +80,7 @@ class AnalysisInputError(ValueError):
 
 @dataclass(frozen=True)
 class Clock:
-    """Step counts of the SPEC §5 estimands for a horizon H (paper values at H = 128).
+    """Step counts of the estimands for a horizon H (paper values at H = 128).
 
     ``branch_depth`` d: the fixed branch cohort τ ≤ d with lags j = 1..d (64);
     ``window``: early lags 1..window and late lags d − window + 1..d (16);
@@ -129,7 +130,7 @@ class Clock:
         agreement_run: float = 0.125,
         saturation: float = 0.99,
     ) -> Clock:
-        """The clock with every step count a fraction of H (paper values at H = 128, SPEC §5).
+        """The clock with every step count a fraction of H (paper values at H = 128).
 
         Fractions are rounded to the nearest step (at least 1). ``block_edges`` are the last
         steps of every block but the final one, as fractions of H.
@@ -153,7 +154,7 @@ class Clock:
 
 
 def stat_columns(clock: Clock) -> list[str]:
-    """Names of the per-document statistic columns for ``clock`` (DESIGN §3.3), in order."""
+    """Names of the per-document statistic columns for ``clock``, in order."""
     scalars = [
         "mismatch",
         "mismatch_sq",
@@ -196,7 +197,7 @@ def path_statistics(
     y_eos: np.ndarray,
     clock: Clock,
 ) -> np.ndarray:
-    """Per-path statistics (rows: paths, columns: :func:`stat_columns`), SPEC §2 and §5.
+    """Per-path statistics (rows: paths, columns: :func:`stat_columns`).
 
     Inputs are (n_paths, H) arrays of I_t, δ_t, f_t and the EOS flags (“has emitted EOS at or
     before t”). The table in the module docstring defines every column.
@@ -349,21 +350,22 @@ def document_stats(
     clock_settings: Mapping[str, object] | None = None,
     control: str | None = None,
 ) -> tuple[pl.DataFrame, Clock]:
-    """One row per (document, action) of replicate-averaged statistics (DESIGN §3.3, SPEC §5).
+    """One row per (document, action) of replicate-averaged statistics.
 
     Returns the table and the :class:`Clock` its profile columns follow.
 
     ``trajectory_files`` maps each action to its trajectory files (one per stratum);
-    ``documents`` gives each doc_id's stratum and cohort (DESIGN §3.1). ``clock_settings`` are
+    ``documents`` gives each doc_id's stratum and cohort. ``clock_settings`` are
     keyword arguments of :meth:`Clock.for_horizon`. Every non-control action must cover the
-    same documents; the control may cover more (it runs every document, SPEC §5).
+    same documents; the control may cover more (it runs every document).
 
     Errors (one line naming the file): a missing column or wrong type, a broken file contract
     (:func:`kvdiverge.trajectories.check_trajectories`: values, column consistency, path and
     replicate counts, naming the document, replicate and step), mismatched H across files, a
     document absent from the documents table, an action missing for some documents. The
-    control's files are checked first: δ ≠ 0 or X ≠ Y anywhere raises
-    :class:`~kvdiverge.analysis.control.ControlCheckError` naming the document (SPEC §5).
+    control's files are checked first (`docs/method.md`, "The full-retention control"): δ ≠ 0 or
+    X ≠ Y anywhere raises :class:`~kvdiverge.analysis.control.ControlCheckError` naming the
+    document.
     """
     if control is not None and control in trajectory_files:
         try:
@@ -436,7 +438,7 @@ def write_document_stats(frame: pl.DataFrame, path: str | os.PathLike, clock: Cl
 
 
 def read_document_stats(path: str | os.PathLike) -> tuple[pl.DataFrame, Clock]:
-    """Read a table written by :func:`write_document_stats`; checks its columns (DESIGN §3.3)."""
+    """Read a table written by :func:`write_document_stats`; checks its columns."""
     try:
         raw = (pq.read_schema(path).metadata or {}).get(b"kvdiverge.clock")
     except (OSError, pa.ArrowInvalid) as exc:

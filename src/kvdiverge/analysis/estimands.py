@@ -1,4 +1,6 @@
-"""Every estimand of SPEC §5, pooled and per stratum, with paired bootstrap intervals.
+"""Every estimand, pooled and per stratum, with paired bootstrap intervals.
+
+Documented in `docs/method.md`, "Estimands", "Contrasts" and "Uncertainty".
 
 Each estimand is a function of document means of the statistics of
 :mod:`kvdiverge.analysis.document_stats` ("documents weigh equally; a ratio estimand is the
@@ -6,9 +8,9 @@ ratio of document-averaged numerator and denominator"). All functions here are v
 a leading axis of actions and a trailing axis of bootstrap draws (draw 0 is the observed
 sample), so the whole table is a few matrix products and one partial sort.
 
-Estimand names (DESIGN §3.4), per action:
+Estimand names (the ``estimand`` column of ``estimands.csv``), per action:
 
-* timing and occupation (SPEC §2): ``R_smc``, ``O_H``, ``E_H``, ``C_H``, ``Pi_H``,
+* timing and occupation: ``R_smc``, ``O_H``, ``E_H``, ``C_H``, ``Pi_H``,
   ``div_prob`` = P(τ ≤ H), ``mean_entry_time`` = E[τ | τ ≤ H], ``div_cdf@t`` = P(τ ≤ t);
 * risks: ``R`` (rollout TV), ``F`` (fixed history), ``R_minus_F``;
 * generation clock: ``tv@t`` = E[δ_t]; ``block_tv@a:b`` = |J|⁻¹ Σ_{t∈J} E[δ_t], whose contrast
@@ -96,7 +98,7 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 def action_estimands(
     means: Mapping[str, np.ndarray], clock: Clock, n_docs: int
 ) -> dict[str, np.ndarray]:
-    """Per-action estimands of SPEC §5 from document means (module docstring lists them).
+    """Per-action estimands from document means (module docstring lists them).
 
     ``means[name]`` holds the document mean of statistic ``name`` with any shape (e.g.
     (actions, draws)); every result has that shape. ``n_docs`` scales the cohort counts.
@@ -164,7 +166,7 @@ _RECOMPUTED_SHARES = ("pre_eos_share", "eos_share")
 def contrast_estimands(
     per_action: Mapping[str, np.ndarray], minuend: np.ndarray, subtrahend: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """Contrasts ``b − a`` of every per-action estimand, plus the gap decomposition (SPEC §2).
+    """Contrasts ``b − a`` of every per-action estimand, plus the gap decomposition.
 
     ``per_action[name]`` has actions on its first axis; ``minuend`` / ``subtrahend`` index it
     (one entry per contrast). ΔR_smc = ΔO_H + ΔE_H·C̄_H + ΔC_H·Ē_H holds exactly.
@@ -273,7 +275,7 @@ def estimands_table(
     strata: Sequence[str] | None = None,
     where: str = "document stats",
 ) -> pl.DataFrame:
-    """The DESIGN §3.4 long table for one model: pooled and per-stratum rows, with contrasts.
+    """The long ``estimands.csv`` table for one model: pooled and per-stratum rows, with contrasts.
 
     Only documents of ``cohort`` (all when ``None``) enter. Intervals are percentile intervals
     of a paired, stratified document bootstrap with ``draws`` draws (seeded); ``level`` is the
@@ -358,7 +360,7 @@ def estimands_table(
 
 
 def control_max_tv(stats: pl.DataFrame, control: str) -> float:
-    """Largest document-mean E[δ_t] of the full-retention control (SPEC §5: it must be 0)."""
+    """Largest document-mean E[δ_t] of the full-retention control (it must be 0)."""
     rows = stats.filter(pl.col("action") == control)
     if rows.height == 0:
         return 0.0
@@ -366,7 +368,7 @@ def control_max_tv(stats: pl.DataFrame, control: str) -> float:
 
 
 def study_seed(seed: int, study: str) -> int:
-    """The bootstrap seed of a study: the master seed mixed with the study name (SPEC §6)."""
+    """The bootstrap seed of a study: the master seed mixed with the study name."""
     return int(seed) * 1_000_003 + zlib.crc32(study.encode())
 
 

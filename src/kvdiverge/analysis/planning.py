@@ -1,4 +1,4 @@
-"""Evaluation sample sizes from development data (SPEC §5, last bullet; paper §5.1).
+"""Evaluation sample sizes from development data (`docs/method.md`, "Sample-size planning").
 
 For one action, a document's replicate-averaged token-mismatch fraction has variance
 σ_b² + σ_w²/K: between-document variance σ_b² of the true document means (pooled within strata,
@@ -56,7 +56,7 @@ TIMING_FIELDS = ("documents", "paths", "prefill_seconds", "selection_seconds", "
 
 
 def read_timing(path: str | os.PathLike) -> dict[str, float]:
-    """The measured ``timing`` of a trajectory file's metadata (module docstring; SPEC §5)."""
+    """The measured ``timing`` of a trajectory file's metadata (module docstring)."""
     try:
         meta = read_trajectory_metadata(path)
     except (OSError, TrajectoryFormatError) as exc:
@@ -175,7 +175,7 @@ def study_plan(
     configured_K: int | None = None,
     configured_docs: int | None = None,
 ) -> dict:
-    """The sample-size plan of a study (module docstring; SPEC §5), as a JSON-ready dict.
+    """The sample-size plan of a study (module docstring), as a JSON-ready dict.
 
     ``stats[model]``: that model's document statistics (the development cohort gives the
     variances); ``trajectories[(model, action, stratum)]``: the trajectory file whose

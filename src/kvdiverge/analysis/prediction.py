@@ -1,10 +1,12 @@
-"""Aggregate prediction of the population-average contrast (SPEC §5, paper §5.7, Tables 3–4).
+"""Aggregate prediction of the population-average contrast (Tables 3–4).
+
+Documented in `docs/method.md`, "Aggregate prediction".
 
 Per document and action, the target is the replicate-averaged token-mismatch fraction D_H.
 Two observations predict it:
 
 * ``positions_1_32``: ((1/H) Σ_{t≤m} I_t, 1{τ≤m}, 1{e_X≤m}, 1{e_Y≤m}) averaged over replicates,
-  m = the clock's prefix (32 at H = 128), SPEC §5;
+  m = the clock's prefix (32 at H = 128);
 * ``fixed_history``: the fixed-history (teacher-forced) TVs: F = (1/H) Σ_t f_t, the prefix
   mean of f_t and 1{e_X ≤ m} (the reference path's own EOS, observable without rollouts of Q).
 
@@ -65,8 +67,8 @@ _ALPHAS = np.logspace(-4, 3, 15)
 
 
 def equivalence_decision(ci_low: float, ci_high: float, margin: float) -> str:
-    """SPEC §5: "Equivalent" iff the interval lies inside ±margin; "Not equivalent" iff it lies
-    wholly outside; otherwise "Unresolved"."""
+    """The decision: "Equivalent" iff the interval lies inside ±margin; "Not equivalent" iff it
+    lies wholly outside; otherwise "Unresolved"."""
     if -margin <= ci_low and ci_high <= margin:
         return "Equivalent"
     if ci_low > margin or ci_high < -margin:

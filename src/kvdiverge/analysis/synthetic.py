@@ -1,12 +1,12 @@
-"""Finite-state trajectory studies with known answers, in the DESIGN §3.2 Parquet schema.
+"""Finite-state trajectory studies with known answers, in the trajectory Parquet schema.
 
 A synthetic study gives each stratum one random finite-state machine with a reference kernel P
 (:func:`kvdiverge.finite_state.random_machine`) and each action an intervention
-Q_a = (1 − λ_a) P + λ_a A (the SPEC §4 family's form; λ = 0 is the full-retention control).
+Q_a = (1 − λ_a) P + λ_a A (the finite-state family's form; λ = 0 is the full-retention control).
 Documents of a stratum are independent replicates of its kernel pair, so every estimand has an
 exact value. Rollouts use :func:`kvdiverge.finite_state.coupled_rollouts` with common random
 numbers keyed by (seed, stratum/cohort, replicate, t): every action replays the same reference
-path X (SPEC §6).
+path X (`docs/method.md`, "Common random numbers").
 
 Exact values (:func:`exact_statistic_means`) are the expectations of every per-document
 statistic of :mod:`kvdiverge.analysis.document_stats`; passing them through
@@ -61,7 +61,7 @@ def stratum_pairs(
     dirichlet_alpha: float = 0.5,
     alt_strength: float = 1.0,
 ) -> dict[str, FiniteStateKernelPair]:
-    """One stratum's kernel pairs: Q_a = (1 − λ_a) P + λ_a A per action (SPEC §4 family form).
+    """One stratum's kernel pairs: Q_a = (1 − λ_a) P + λ_a A per action (family form).
 
     All actions share the machine and P (so common random numbers replay the same X); A mixes P
     with a Dirichlet draw, A = (1 − κ)P + κD, κ = ``alt_strength``, on live states. λ_a = 0
@@ -89,10 +89,10 @@ def synthetic_trajectories(
     key: str,
     n_prompt: int = 100,
 ) -> pl.DataFrame:
-    """Coupled rollouts of ``pair`` for ``doc_ids`` × K replicates as a DESIGN §3.2 table.
+    """Coupled rollouts of ``pair`` for ``doc_ids`` × K replicates as a trajectory table.
 
     Path r of the batch is document ``doc_ids[r // K]``, replicate ``r % K``; uniforms are keyed
-    by (seed, ``key``, r, t), so actions sharing P and ``key`` share X (SPEC §6).
+    by (seed, ``key``, r, t), so actions sharing P and ``key`` share X.
     """
     n = len(doc_ids) * K
     r = coupled_rollouts(pair, H, n, seed, document=key)
@@ -130,8 +130,8 @@ def write_synthetic_study(
 
     ``strata_pairs[stratum][action]``: kernel pairs (e.g. from :func:`stratum_pairs`);
     ``cohorts[name] = (documents per stratum, K)``. Writes
-    ``data/documents/{stratum}.parquet`` (DESIGN §3.1) and
-    ``results/{study}/{model}/trajectories/{action}/{stratum}.parquet`` (DESIGN §3.2); the
+    ``data/documents/{stratum}.parquet`` and
+    ``results/{study}/{model}/trajectories/{action}/{stratum}.parquet``; the
     control action, if named, runs every document with ``control_K`` replicates. Returns
     ``{"documents": {stratum: path}, "<action>": {stratum: path}, ...}``.
     """

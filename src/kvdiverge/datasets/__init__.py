@@ -1,4 +1,4 @@
-"""Documents for the language-model study (paper §5.1, SPEC §5, DESIGN §3.1).
+"""Documents for the language-model study (`docs/method.md`, "The language-model study").
 
 Six strata {HELMET, RULER} × nominal lengths, each with ``dev``/``study1``/``study2`` cohorts:
 RULER's 13 synthetic tasks (:mod:`kvdiverge.datasets.ruler`) and HELMET's six RAG/Cite datasets

@@ -1,9 +1,10 @@
 """Length fitting under a tokenizer and chat template, and the data-layer errors.
 
 A *length function* maps a prompt (the user message) to its tokenized length ``n`` under the
-length model's chat template (SPEC §5: ``n`` is the tokenized prompt length). Every document must
-satisfy ``n + reserve <= target_tokens``, the RULER budget rule (`reference/datasets.md` A1) with
-the generation horizon H as the reserve; HELMET truncates its context to the same budget (B5).
+length model's chat template (``n`` is the tokenized prompt length; `docs/method.md`, "The
+language-model study"). Every document must satisfy ``n + reserve <= target_tokens``, RULER's
+budget rule with the generation horizon H as the reserve; HELMET truncates its context to the
+same budget (README "Datasets").
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def derive_seed(*parts: object) -> int:
 
 
 def largest_fitting(n_tokens: Callable[[int], int], budget: int, lo: int, hi: int) -> int | None:
-    """RULER's binary search (`reference/datasets.md` A1 step 3): the largest unit count in
-    ``[lo, hi]`` whose probe prompt has ``n_tokens(units) <= budget``, or None if none does.
+    """RULER's binary search: the largest unit count in ``[lo, hi]`` whose probe prompt has
+    ``n_tokens(units) <= budget``, or None if none does.
 
     Each call of ``n_tokens`` may build a fresh random prompt, as RULER's probes do.
     """
@@ -67,7 +68,7 @@ def ruler_unit_search(
     upper_factor: int = 3,
     max_units: int | None = None,
 ) -> int | None:
-    """Unit count for a RULER task by binary search (`reference/datasets.md` A1 steps 1-3).
+    """Unit count for a RULER task by RULER's binary search.
 
     Tokens per unit are estimated from one prompt with ``inc`` units; the search runs over
     ``[min_units, max(upper_factor * budget / tokens_per_unit, 2 * inc)]`` (RULER starts at
@@ -92,8 +93,8 @@ def ruler_unit_search(
 def truncate_context(
     render: Callable[[str], str], context: str, length_fn: LengthFn, budget: int
 ) -> tuple[str, int]:
-    """HELMET's truncation (`reference/datasets.md` B5): cut only the context from its end until
-    the rendered prompt fits ``budget`` tokens; returns (prompt, characters of context kept).
+    """HELMET's truncation: cut only the context from its end until the rendered prompt fits
+    ``budget`` tokens; returns (prompt, characters of context kept).
 
     HELMET removes the excess token count using the tokenizer's offset mapping; with only a
     length function, the cut is the longest character prefix that fits (binary search).

@@ -1,13 +1,14 @@
-"""HELMET's RAG and Cite datasets (paper §5.1; facts in `reference/datasets.md` part B).
+"""HELMET's RAG and Cite datasets (README "Datasets").
 
 Reads HELMET's own files (princeton-nlp/HELMET data.py ``load_qa`` and ``load_alce``): the KILT
 JSONL files (question, answers, ctxs; K passages per length) with their k3 demo files, and the
 ALCE ``*_gtr_top2000`` JSON with the ``prompts/*_revised.json`` demo files. Templates, the two
 demonstrations, the demo selection, PopQA's popularity filter and the context truncation to
 the budget follow HELMET. HELMET runs RAG as completion and Cite through the chat template
-(B5, B6); here every prompt is chat-wrapped at rollout time (SPEC §5), so a RAG prompt is
-HELMET's completion text (user template + "\\nAnswer:") and a Cite prompt is HELMET's user
-message (no "Answer:"), which is exactly the text HELMET gives the model in each mode.
+(``use_chat_template``); here every prompt is chat-wrapped at rollout time (`docs/method.md`,
+"The language-model study"), so a RAG prompt is HELMET's completion text (user template +
+"\\nAnswer:") and a Cite prompt is HELMET's user message (no "Answer:"), which is exactly the
+text HELMET gives the model in each mode.
 """
 
 from __future__ import annotations
@@ -47,18 +48,18 @@ HELMET_DATASETS: tuple[str, ...] = (
     "alce_qampari",
 )
 HELMET_TASK_NAMES: dict[str, str] = {d: d.split("_", 1)[1] for d in HELMET_DATASETS}
-"""The ``task`` column value per dataset (e.g. ``kilt_nq`` -> ``nq``; DESIGN §3.1)."""
+"""The ``task`` column value per dataset (e.g. ``kilt_nq`` -> ``nq``)."""
 
 USES_CHAT_TEMPLATE: dict[str, bool] = {d: d.startswith("alce") for d in HELMET_DATASETS}
-"""HELMET's ``use_chat_template`` per task (B5): RAG False, Cite True."""
+"""HELMET's ``use_chat_template`` per task: RAG False, Cite True."""
 
-# generate_configs.py (B3): input_max_length -> passages (RAG) / first-N documents (Cite)
+# HELMET's generate_configs.py: input_max_length -> passages (RAG) / first-N documents (Cite)
 RAG_PASSAGES: dict[int, int] = {4096: 20, 8192: 50, 16384: 105, 32768: 220, 65536: 440}
 RAG_PASSAGES[131072] = 1000
 CITE_DOCUMENTS: dict[int, int] = {4096: 8, 8192: 30, 16384: 75, 32768: 165, 65536: 345}
 CITE_DOCUMENTS[131072] = 700
 
-# data.py load_qa (B4)
+# HELMET's data.py load_qa
 RAG_USER_TEMPLATE = (
     "Use the given documents to write a concise and short answer to the question. Write your "
     "answer in the following format:\nAnswer: [answer]\n\n{demos}{context}\n\nQuestion: {question}"
@@ -66,7 +67,7 @@ RAG_USER_TEMPLATE = (
 RAG_ANSWER_PREFIX = "Answer:"
 RAG_DEMO_TEMPLATE = "{documents}\n\nQuestion: {question}\nAnswer: {answer}"
 RAG_PASSAGE_TEMPLATE = "Document (Title: {title}): {text}"
-# data.py load_alce (B4)
+# HELMET's data.py load_alce
 CITE_USER_TEMPLATE = "{demo_text}{instruction}\n\nQuestion: {question}\n\n{context}"
 
 _KILT_FILES: dict[str, tuple[str, str]] = {
@@ -122,7 +123,7 @@ class HelmetPrompt:
 def helmet_file_paths(
     dataset: str, data_dir: str | Path, prompts_dir: str | Path, count: int
 ) -> tuple[Path, Path]:
-    """(test file, demo file) of ``dataset`` with ``count`` passages (B2)."""
+    """(test file, demo file) of ``dataset`` with ``count`` passages."""
     if dataset in _KILT_FILES:
         test, demo = _KILT_FILES[dataset]
         return Path(data_dir) / test.format(k=count), Path(data_dir) / demo
@@ -176,7 +177,7 @@ def load_helmet_source(
     seed: int,
     popqa_max_log10_pop: float = 3.0,
 ) -> HelmetSource:
-    """Read one HELMET dataset's test and demo files for ``count`` passages/documents (B2, B4).
+    """Read one HELMET dataset's test and demo files for ``count`` passages/documents.
 
     Rows are grouped by question key (``id`` when every row has one, else ``question``, as
     HELMET); keys are sorted and shuffled with ``seed``, so the k-th document of a dataset takes
@@ -269,8 +270,8 @@ def build_helmet_prompt(
     budget: int,
     shots: int = 2,
 ) -> HelmetPrompt:
-    """Build the prompt for question ``key`` of ``source`` (B4) and truncate its context so that
-    the chat-wrapped length is at most ``budget`` tokens (B5).
+    """Build the prompt for question ``key`` of ``source`` and truncate its context so that the
+    chat-wrapped length is at most ``budget`` tokens.
 
     RAG: one depth copy of the question (drawn with ``rng``), all its K passages, ``shots``
     demonstrations chosen as HELMET does; the prompt is HELMET's completion text. Cite: the

@@ -1,4 +1,4 @@
-"""Materialize one stratum's documents (DESIGN §3.1) and read/write the documents table.
+"""Materialize one stratum's documents and read/write the documents table.
 
 Order of work: plan (config only) -> load the stratum's sources (a missing file is an error
 naming where the data come from) -> check that the sources hold enough questions -> check that
@@ -62,14 +62,14 @@ DOCUMENTS_SCHEMA: dict[str, pl.DataType] = {
     "seed": pl.Int64,
     "n_tokens": pl.Int64,
 }
-"""DESIGN §3.1 columns, plus ``n_tokens``: the prompt's chat-wrapped length under the length
-tokenizer (the engine recomputes n per model)."""
+"""The documents contract's columns, plus ``n_tokens``: the prompt's chat-wrapped length under
+the length tokenizer (the engine recomputes n per model)."""
 
 _MAX_REDRAWS = 100
 
 
 class DocumentsFormatError(ValueError):
-    """A documents file does not follow DESIGN §3.1."""
+    """A documents file does not follow `docs/architecture.md`, "File contracts"."""
 
 
 def _search_ruler_units(
@@ -89,7 +89,7 @@ def _search_ruler_units(
         rng = random.Random(derive_seed(search_seed, next(probes)))
         return length_fn(build(units, rng).prompt)
 
-    if task == "fwe":  # RULER's linear search (A4)
+    if task == "fwe":  # RULER's linear search
         step = max(1, budget // 32)
         n = max(min_units, budget // 6)
         if n_tokens(n) <= budget:
@@ -159,7 +159,7 @@ def _ruler_documents(
 
         return build
 
-    # vt's one-shot example: plain template fitted to min(500, budget // 4) tokens (A4)
+    # vt's one-shot example: plain template fitted to min(500, budget // 4) tokens (RULER)
     vt_example_units = 1
     if "vt" in tasks:
         ex_budget = min(500, budget // 4)
@@ -301,7 +301,7 @@ def materialize_stratum(
     length_fn: LengthFn,
     progress: Callable[[], None] | None = None,
 ) -> pl.DataFrame:
-    """All documents of one stratum as a DESIGN §3.1 table (paper §5.1; SPEC §5).
+    """All documents of one stratum as a documents table.
 
     ``length_fn`` gives a prompt's tokenized length under the length model's chat template;
     every prompt satisfies ``length_fn(prompt) + generation_reserve <= target_tokens``.
@@ -322,7 +322,7 @@ def materialize_stratum(
 def write_documents(
     frame: pl.DataFrame, path: str | os.PathLike, metadata: Mapping[str, Any] | None = None
 ) -> None:
-    """Write a documents table atomically (DESIGN §3.1), with JSON key-value metadata."""
+    """Write a documents table atomically, with JSON key-value metadata."""
     table = frame.select(list(DOCUMENTS_SCHEMA)).cast(DOCUMENTS_SCHEMA).to_arrow()
     meta = {b"kvdiverge.version": __version__.encode()}
     for k, v in (metadata or {}).items():
@@ -333,7 +333,7 @@ def write_documents(
 
 
 def read_documents(path: str | os.PathLike) -> pl.DataFrame:
-    """Read and check a documents table (DESIGN §3.1); one-line error naming the file."""
+    """Read and check a documents table; one-line error naming the file."""
     frame = pl.read_parquet(path)
     missing = [c for c in DOCUMENTS_SCHEMA if c not in frame.columns]
     if missing:

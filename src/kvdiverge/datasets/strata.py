@@ -1,4 +1,4 @@
-"""Strata, cohorts and the document plan (SPEC §5, paper §5.1; DESIGN §3.1).
+"""Strata, cohorts and the document plan (`docs/method.md`, "The language-model study").
 
 A stratum is (env, nominal length): ``{env}-{label}`` with a target of ``target_tokens``
 tokens. Each stratum has the cohorts ``dev``, ``study1``, ``study2`` (paper: 6, 48, 48
@@ -40,7 +40,8 @@ ENVS: tuple[str, ...] = ("helmet", "ruler")
 @dataclass(frozen=True)
 class Stratum:
     """(env, nominal length): name ``{env}-{label}``, target length in tokens, and for HELMET
-    the passage count K (RAG) and document count N (Cite) at that length (B3)."""
+    the passage count K (RAG) and document count N (Cite) at that length (HELMET's
+    generate_configs.py)."""
 
     env: str
     label: str
