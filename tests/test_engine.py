@@ -337,14 +337,17 @@ def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
             seen.append((key.shape, groups))
         return real(module, query, key, value, attention_mask, **kwargs)
 
-    transformers.AttentionInterface.register(attention.ATTENTION_NAME, spy)
+    # the instance's own mapping: kvpress, once imported, wraps every registered function there
+    interface = transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS
+    previous = interface[attention.ATTENTION_NAME]
+    interface[attention.ATTENTION_NAME] = spy
     try:
         pre = run_prefill(model, ids, 32)
         rollout_document(
             model, ids, SNAPKV_HALF, "doc-g", 7, eos, RolloutSettings(6, 1), prefill=pre
         )
     finally:
-        transformers.AttentionInterface.register(attention.ATTENTION_NAME, real)
+        interface[attention.ATTENTION_NAME] = previous
     n, n_kv = len(ids), model.config.num_key_value_heads
     assert len(seen) == 5  # one model call per decoding step for every row
     evicted_keys = seen[0][1][1][1]

@@ -129,7 +129,7 @@ def test_invalid_action_is_one_line_before_any_work(tmp_path):
     unknown.write_text(yaml.safe_dump({"studies": {"study1": {"actions": ["h2o-half"]}}}))
     res = _snakemake(work, "-n", "--configfile", str(unknown))
     assert res.returncode != 0
-    assert "config.studies.study1: action 'h2o-half' is not in config.actions" in (
+    assert "config.studies.study1.actions: 'h2o-half' is not in config.actions" in (
         res.stdout + res.stderr
     )
 
