@@ -5,19 +5,39 @@ file."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import polars as pl
 import pytest
+from filelock import FileLock
 from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
+
+
+def _workflow_lock(work: Path) -> FileLock:
+    """One Snakemake command at a time in the shared run's folder (workers share it)."""
+    return FileLock(str(work.parent / "snakemake.lock"))
 
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
-    work = workflow_copy(tmp_path_factory.mktemp("default"), config="default")
-    dry = run_snakemake(work, "-n")
-    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
-    res = run_snakemake(work, timeout=1800)
-    assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-5000:]
-    return work, planned_jobs(dry)
+    """One run of the default for the whole test session: pytest-xdist workers share it through
+    their common base folder, under a lock (the first one runs it, the others wait and reuse)."""
+    shared = tmp_path_factory.getbasetemp().parent
+    with FileLock(str(shared / "default_run.lock")):
+        record = shared / "default_run.json"
+        if record.exists():
+            saved = json.loads(record.read_text())
+            return Path(saved["work"]), saved["planned"]
+        folder = shared / "default_run"
+        folder.mkdir(exist_ok=True)
+        work = workflow_copy(folder, config="default")
+        dry = run_snakemake(work, "-n")
+        assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+        res = run_snakemake(work, timeout=1800)
+        assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-5000:]
+        record.write_text(json.dumps({"work": str(work), "planned": planned_jobs(dry)}))
+        return work, planned_jobs(dry)
 
 
 @pytest.mark.slow
@@ -37,7 +57,8 @@ def test_every_output_of_rule_all_exists(default_run):
     ]
     for path in outputs:
         assert (work / path).stat().st_size > 0, path
-    rerun = run_snakemake(work, "-n")
+    with _workflow_lock(work):
+        rerun = run_snakemake(work, "-n")
     assert planned_jobs(rerun) == {}, rerun.stdout[-2000:]
 
 
@@ -59,7 +80,8 @@ def test_control_is_exact_and_eviction_diverges(default_run):
 @pytest.mark.slow
 def test_report_holds_every_figure_and_table(default_run):
     work, _ = default_run
-    res = run_snakemake(work, "--report", "results/report.html")
+    with _workflow_lock(work):
+        res = run_snakemake(work, "--report", "results/report.html")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     html = (work / "results/report.html").read_text(errors="replace")
     for name in ("fig5_divergence_cdf", "fig1_introductory_example", "estimators", "table1"):
