@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from kvdiverge.config import (
     module_fingerprint,
     validate_config,
 )
+from kvdiverge.provenance import module_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -76,6 +78,9 @@ def test_validation_does_not_mutate_on_error_path_types():
 
 
 def test_module_fingerprint_tracks_source(tmp_path, monkeypatch):
+    # the name is shared with tests/test_provenance.py on purpose: whichever runs first in a
+    # worker must not change what the other finds (modules are located without importing)
+    module_file.cache_clear()
     pkg = tmp_path / "fp_pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -93,6 +98,8 @@ def test_module_fingerprint_tracks_source(tmp_path, monkeypatch):
     assert module_fingerprint("fp_pkg") != fall
     with pytest.raises(ConfigError, match="no module named 'fp_pkg.missing'"):
         module_fingerprint("fp_pkg.missing")
+    importlib.import_module("fp_pkg.a")  # a stale fp_pkg in sys.modules, as another test leaves it
+    module_file.cache_clear()
 
 
 def test_generation_reserve_must_cover_the_horizon():

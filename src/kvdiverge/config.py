@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.util
 import os
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
+
+from kvdiverge.provenance import module_file
 
 __all__ = [
     "ConfigError",
@@ -533,10 +533,9 @@ def module_fingerprint(*modules: str) -> str:
     """
     digest = hashlib.sha256()
     for name in sorted(modules):
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
+        origin = module_file(name)
+        if origin is None:
             raise ConfigError(f"module_fingerprint: no module named {name!r}")
-        origin = Path(spec.origin)
         files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
         for f in files:
             digest.update(f.name.encode())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
+import importlib.machinery
 import os
 from collections.abc import Iterable
 from functools import cache
@@ -26,12 +26,27 @@ PACKAGE = "kvdiverge"
 @cache
 def module_file(name: str) -> Path | None:
     """The source file of module or package ``name`` (a package's ``__init__.py``), or ``None``
-    when there is no such module. Nothing is imported."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
+    when there is no such module.
+
+    Nothing is imported: each dotted prefix is looked up with
+    :meth:`importlib.machinery.PathFinder.find_spec` in its parent's search locations, so the
+    answer depends on the files on ``sys.path`` alone, never on what ``sys.modules`` happens to
+    hold (``importlib.util.find_spec`` imports a submodule's parents, and then answers from
+    whatever package of that name was imported first).
+    """
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
         return None
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+    search: list[str] | None = None
+    spec = None
+    for depth in range(1, len(parts) + 1):
+        if depth > 1 and not search:
+            return None  # a module, not a package, cannot hold submodules
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), search)
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations or [])
+    if spec.origin is None or not spec.origin.endswith(".py"):
         return None
     return Path(spec.origin)
 
