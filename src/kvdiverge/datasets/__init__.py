@@ -5,9 +5,13 @@ RULER's 13 synthetic tasks (:mod:`kvdiverge.datasets.ruler`) and HELMET's six RA
 (:mod:`kvdiverge.datasets.helmet`), fitted to a token budget under a length tokenizer's chat
 template (:mod:`kvdiverge.datasets.fitting`), planned by :mod:`kvdiverge.datasets.strata` and
 written by :mod:`kvdiverge.datasets.materialize`. Synthetic fixtures for the embedded default:
-:mod:`kvdiverge.datasets.fixtures`.
+:mod:`kvdiverge.datasets.fixtures`. Each ``env`` of a stratum is a registered dataset
+environment (:mod:`kvdiverge.datasets.registry`): ``ruler``, ``helmet`` and ``custom`` (the
+user's own JSONL or Parquet prompts, :mod:`kvdiverge.datasets.custom`), imported here so that
+they are registered whenever the package is.
 """
 
+from kvdiverge.datasets import custom, helmet_env, ruler_env  # noqa: F401  (registration)
 from kvdiverge.datasets.fitting import (
     DatasetError,
     LengthFitError,
@@ -23,6 +27,7 @@ from kvdiverge.datasets.materialize import (
     stratum_source_paths,
     write_documents,
 )
+from kvdiverge.datasets.registry import ENVIRONMENTS, DatasetEnvironment, register_environment
 from kvdiverge.datasets.ruler import RULER_TASKS
 from kvdiverge.datasets.strata import (
     COHORTS,
@@ -35,8 +40,10 @@ from kvdiverge.datasets.strata import (
 __all__ = [
     "COHORTS",
     "DOCUMENTS_SCHEMA",
+    "ENVIRONMENTS",
     "HELMET_DATASETS",
     "RULER_TASKS",
+    "DatasetEnvironment",
     "DatasetError",
     "DatasetsConfig",
     "DocumentSlot",
@@ -48,6 +55,7 @@ __all__ = [
     "materialize_stratum",
     "plan_documents",
     "read_documents",
+    "register_environment",
     "stratum_source_paths",
     "write_documents",
 ]

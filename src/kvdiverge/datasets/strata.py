@@ -11,7 +11,8 @@ every stratum is balanced over its tasks (counts differ by at most one) and a fe
 stratum still cover every task across the env's strata. Source items: the k-th document of an
 (env, task) pair over the whole plan takes source item k (question k of a QA file, the k-th key
 of a HELMET dataset), so no source question is used twice anywhere, in particular not in two
-cohorts.
+cohorts. An env whose strata each read their own file (``custom``; ``shared_plan`` false in
+:mod:`kvdiverge.datasets.registry`) keeps its running index and items per stratum instead.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from kvdiverge.datasets.fitting import DatasetError, derive_seed
-from kvdiverge.datasets.helmet import CITE_DOCUMENTS, HELMET_DATASETS, RAG_PASSAGES
+from kvdiverge.datasets.helmet import HELMET_DATASETS
+from kvdiverge.datasets.registry import environment
 from kvdiverge.datasets.ruler import RULER_TASKS
 
 __all__ = [
@@ -34,20 +36,25 @@ __all__ = [
 ]
 
 COHORTS: tuple[str, ...] = ("dev", "study1", "study2")
-ENVS: tuple[str, ...] = ("helmet", "ruler")
 
 
 @dataclass(frozen=True)
 class Stratum:
-    """(env, nominal length): name ``{env}-{label}``, target length in tokens, and for HELMET
+    """(env, nominal length): name ``{env}-{label}``, target length in tokens, for HELMET
     the passage count K (RAG) and document count N (Cite) at that length (HELMET's
-    generate_configs.py)."""
+    generate_configs.py), and the env's other options as sorted (key, value) pairs (e.g. a
+    ``custom`` stratum's file; :mod:`kvdiverge.datasets.registry`)."""
 
     env: str
     label: str
     target_tokens: int
     rag_passages: int | None = None
     cite_documents: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def option(self, key: str, default: Any = None) -> Any:
+        """The value of one of :attr:`options`, else ``default``."""
+        return dict(self.options).get(key, default)
 
     @property
     def name(self) -> str:
@@ -120,25 +127,17 @@ class DatasetsConfig:
         strata = []
         for i, s in enumerate(section.get("strata", [])):
             where = f"config.datasets.strata[{i}]"
+            # a Stratum's own fields round-trip: its options become keys of the entry again
+            s = {**dict(s.get("options") or ()), **{k: v for k, v in s.items() if k != "options"}}
             env, target = s["env"], int(s["target_tokens"])
-            if env not in ENVS:
-                raise DatasetError(f"{where}.env: expected helmet or ruler, got {env!r}")
+            source = environment(env, f"{where}.env")
             if target <= reserve:
                 raise DatasetError(
                     f"{where}.target_tokens: {target} leaves no room for the prompt after the "
                     f"generation reserve of {reserve} tokens"
                 )
-            rag, cite = s.get("rag_passages"), s.get("cite_documents")
-            if env == "helmet":
-                rag = rag if rag is not None else RAG_PASSAGES.get(target)
-                cite = cite if cite is not None else CITE_DOCUMENTS.get(target)
-                if rag is None or cite is None:
-                    raise DatasetError(
-                        f"{where}: HELMET at {target} tokens needs rag_passages and "
-                        f"cite_documents (HELMET defines them only for "
-                        f"{', '.join(map(str, sorted(RAG_PASSAGES)))})"
-                    )
-            strata.append(Stratum(env, str(s["label"]), target, rag, cite))
+            options = source.stratum_options(s, target, where)
+            strata.append(Stratum(env, str(s["label"]), target, **options))
         if not strata:
             raise DatasetError("config.datasets.strata: expected at least one stratum")
         names = [s.name for s in strata]
@@ -146,7 +145,7 @@ class DatasetsConfig:
         if dup:
             raise DatasetError(f"config.datasets.strata: duplicate stratum {', '.join(dup)}")
         essay = ruler.get("essay_dir")
-        return cls(
+        cfg = cls(
             strata=tuple(strata),
             cohorts={c: int(cohorts.get(c, 0)) for c in COHORTS},
             seed=int(section.get("seed", 42)),
@@ -164,6 +163,9 @@ class DatasetsConfig:
             helmet_shots=int(helmet.get("shots", 2)),
             popqa_max_log10_pop=float(helmet.get("popqa_max_log10_pop", 3.0)),
         )
+        for env in dict.fromkeys(s.env for s in strata):
+            environment(env).check_config(cfg)
+        return cfg
 
     def stratum(self, name: str) -> Stratum:
         """The stratum called ``name``; one-line error naming the configured ones otherwise."""
@@ -175,9 +177,12 @@ class DatasetsConfig:
             f"{', '.join(s.name for s in self.strata)}"
         )
 
-    def tasks(self, env: str) -> tuple[str, ...]:
-        """The env's task list (RULER tasks or HELMET datasets)."""
-        return self.ruler_tasks if env == "ruler" else self.helmet_datasets
+    def tasks(self, stratum: Stratum | str) -> tuple[str, ...]:
+        """The task list of a stratum, or of an env's first stratum (RULER tasks, HELMET
+        datasets; a ``custom`` stratum's tasks come from its file, so its plan has one)."""
+        if isinstance(stratum, str):
+            stratum = next(s for s in self.strata if s.env == stratum)
+        return environment(stratum.env).tasks(self, stratum)
 
 
 def plan_documents(cfg: DatasetsConfig) -> list[DocumentSlot]:
@@ -187,16 +192,17 @@ def plan_documents(cfg: DatasetsConfig) -> list[DocumentSlot]:
     its doc_id.
     """
     slots: list[DocumentSlot] = []
-    running = dict.fromkeys(ENVS, 0)
+    running: dict[str, int] = {}
     per_task: dict[tuple[str, str], int] = {}
     for stratum in cfg.strata:
-        tasks = cfg.tasks(stratum.env)
+        tasks = cfg.tasks(stratum)
+        plan = stratum.env if environment(stratum.env).shared_plan else stratum.name
         for cohort in COHORTS:
             for index in range(cfg.cohorts[cohort]):
-                task = tasks[running[stratum.env] % len(tasks)]
-                running[stratum.env] += 1
-                k = per_task.get((stratum.env, task), 0)
-                per_task[(stratum.env, task)] = k + 1
+                task = tasks[running.get(plan, 0) % len(tasks)]
+                running[plan] = running.get(plan, 0) + 1
+                k = per_task.get((plan, task), 0)
+                per_task[(plan, task)] = k + 1
                 doc_id = f"{stratum.name}/{cohort}/{index:03d}"
                 slots.append(
                     DocumentSlot(
