@@ -23,7 +23,7 @@ import torch
 
 from kvdiverge.decode import DocumentRollout, RolloutSettings, rollout_document_actions
 from kvdiverge.eviction import ActionSpec, parse_action
-from kvdiverge.trajectories import TRAJECTORY_SCHEMA
+from kvdiverge.trajectories import METADATA_KEYS, TRAJECTORY_SCHEMA
 
 __all__ = [
     "TIMING_KEYS",
@@ -197,6 +197,7 @@ def run_stratum_rollout_job(
     device: str = "auto",
     log_file: Any = None,
     resume_key: Any = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> dict[str, pl.DataFrame]:
     """One rollout job of the pipeline: a stratum's documents under every action of a study →
     one trajectory file per action.
@@ -219,7 +220,9 @@ def run_stratum_rollout_job(
     → K) are keyed by action name. Progress goes to ``log_file`` (one tick per document) and
     one log line per document (its tokens, seconds and fraction of paths diverged). Each
     file's metadata key ``timing`` holds the action's measured seconds (sample-size planning
-    reads them): the only part of a file that differs between reruns.
+    reads them): the only part of a file that differs between reruns. ``metadata``: further
+    keys written into every file's metadata (e.g. ``lock``, the hash of the evaluation's
+    prespecification lock); it may not replace a key the job writes itself.
     """
     from tqdm import tqdm
 
@@ -232,6 +235,10 @@ def run_stratum_rollout_job(
         if spec.get("name", name) != name:
             raise ValueError(f"actions.{name}: the spec is named {spec['name']!r}")
     specs = {name: parse_action(spec, name=name) for name, spec in actions.items()}
+    extra = dict(metadata or {})
+    reserved = sorted(set(extra) & {*METADATA_KEYS, "eos_ids", "n_documents", "timing"})
+    if reserved:
+        raise ValueError(f"metadata: key(s) {', '.join(reserved)} are written by the job itself")
     for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
         if set(given) != set(specs):
             raise ValueError(
@@ -328,7 +335,7 @@ def run_stratum_rollout_job(
     for name, spec in specs.items():
         parts = [saved[doc_id][0][name] for doc_id in order if name in saved[doc_id][0]]
         frame = pl.concat(parts) if parts else pl.DataFrame(schema=TRAJECTORY_SCHEMA)
-        metadata = {
+        file_metadata = {
             "model": {"name": model.get("name"), "path": str(model["path"])},
             "revision": model.get("revision"),
             "action": spec.as_dict(),
@@ -342,7 +349,7 @@ def run_stratum_rollout_job(
             "n_documents": frame["doc_id"].n_unique(),
             "timing": timing.get(spec.name, dict.fromkeys(TIMING_KEYS, 0)),
         }
-        write_trajectories(frame, out_paths[name], metadata)
+        write_trajectories(frame, out_paths[name], {**extra, **file_metadata})
         out[name] = frame
     scratch.clear()
     return out
