@@ -1,0 +1,162 @@
+"""The accuracy figure: task accuracy beside divergence timing, from the long accuracy table.
+
+Panel (a): the accuracy drop X − Y per action (full cache minus the action's cache, paired
+document-bootstrap intervals). Panel (b): on the paths of each divergence timing (early τ ≤ d,
+late d < τ ≤ H, never), the accuracy of the action's generation Y (filled markers) and of the
+full cache's X on the same paths (hollow markers), so a reader sees whether early divergence
+costs more accuracy than late. Reads only the table written by
+:func:`kvdiverge.analysis.accuracy.write_accuracy`, drawn in the house style
+(:mod:`kvdiverge.plots.base`) with the study's action styles (:func:`kvdiverge.plots.study.
+action_styles`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from kvdiverge.plots.base import (  # noqa: E402
+    TEXT_WIDTH,
+    PercentTicks,
+    SeriesStyle,
+    figure_legend,
+    new_figure,
+    save_figure,
+)
+from kvdiverge.plots.study import action_styles  # noqa: E402
+from kvdiverge.tables import StudyTableError, read_estimands, require_estimands  # noqa: E402
+
+__all__ = ["plot_accuracy", "write_accuracy_figure"]
+
+_CLASSES = ("early", "late", "never")
+
+
+def _rows(table: pl.DataFrame, model: str, estimand: str, action: str, where: str) -> dict:
+    rows = table.filter(
+        (pl.col("model") == model)
+        & (pl.col("action") == action)
+        & (pl.col("stratum") == "pooled")
+        & (pl.col("estimand") == estimand)
+    )
+    if rows.height == 0:
+        raise StudyTableError(
+            f"{where}: estimand {estimand!r} missing for model {model!r}, action {action!r} "
+            f"(needed by the accuracy figure)"
+        )
+    return rows.row(0, named=True)
+
+
+def _point(ax: plt.Axes, x: float, row: Mapping, style: SeriesStyle, filled: bool) -> None:
+    v = row["value"]
+    if v is None or not np.isfinite(v):
+        return
+    lo, hi = row["ci_low"], row["ci_high"]
+    err = None
+    if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
+        err = [[v - lo], [hi - v]]
+    ax.errorbar(
+        [x],
+        [v],
+        yerr=err,
+        fmt=style.marker,
+        ms=5,
+        lw=1.1,
+        capsize=2.5,
+        color=style.color,
+        mfc=style.color if filled else "white",
+        mec=style.color,
+        mew=1.0,
+        zorder=3,
+    )
+
+
+def plot_accuracy(
+    table: pl.DataFrame,
+    actions: Sequence[str] | None = None,
+    styles: Mapping[str, SeriesStyle] | None = None,
+    where: str = "accuracy",
+) -> plt.Figure:
+    """The accuracy figure (module docstring), one row of two panels per model."""
+    require_estimands(table, ["accuracy_drop", "accuracy_y@early"], where, "the accuracy figure")
+    actions = list(actions) if actions is not None else list(dict.fromkeys(table["action"]))
+    styles = dict(styles) if styles is not None else action_styles(actions)
+    models = list(dict.fromkeys(table["model"]))
+    fig, axes = new_figure(
+        TEXT_WIDTH, 2.5 * len(models), len(models), 2, gridspec_kw={"width_ratios": [1, 2]}
+    )
+    width = 0.7 / max(len(actions), 1)
+    for i, model in enumerate(models):
+        ax_a, ax_b = axes[i]
+        for j, action in enumerate(actions):
+            _point(
+                ax_a, j, _rows(table, model, "accuracy_drop", action, where), styles[action], True
+            )
+        ax_a.axhline(0, color="black", lw=0.8, zorder=1)
+        ax_a.set_xticks(range(len(actions)), actions, rotation=30, ha="right")
+        ax_a.set_xlim(-0.6, len(actions) - 0.4)
+        ax_a.grid(axis="x", visible=False)
+        ax_a.yaxis.set_major_formatter(PercentTicks(""))
+        ax_a.set_ylabel("accuracy drop X − Y, pp")
+        suffix = f", {model}" if len(models) > 1 else ""
+        ax_a.set_title(f"(a) drop against the full cache{suffix}")
+        for k, cls in enumerate(_CLASSES):
+            for j, action in enumerate(actions):
+                x = k + (j - (len(actions) - 1) / 2) * width
+                style = styles[action]
+                y_row = _rows(table, model, f"accuracy_y@{cls}", action, where)
+                x_row = _rows(table, model, f"accuracy_x@{cls}", action, where)
+                _point(ax_b, x - width * 0.18, x_row, style, False)
+                _point(ax_b, x + width * 0.18, y_row, style, True)
+        share = {
+            cls: [_rows(table, model, f"share@{cls}", a, where)["value"] for a in actions]
+            for cls in _CLASSES
+        }
+        labels = [
+            f"{cls}\n({100 * float(np.nanmean(share[cls])):.0f}% of paths)" for cls in _CLASSES
+        ]
+        ax_b.set_xticks(range(len(_CLASSES)), labels)
+        ax_b.set_xlim(-0.6, len(_CLASSES) - 0.4)
+        ax_b.set_ylim(-0.04, 1.04)
+        ax_b.grid(axis="x", visible=False)
+        ax_b.yaxis.set_major_formatter(PercentTicks())
+        ax_b.set_ylabel("task accuracy")
+        ax_b.set_xlabel("divergence within H (share: mean over actions)")
+        ax_b.set_title(f"(b) accuracy by divergence timing{suffix}")
+    level = sorted({round(float(v), 10) for v in table["ci_level"].to_list()})
+    handles = [
+        Line2D([], [], marker=styles[a].marker, lw=0, color=styles[a].color, mec=styles[a].color)
+        for a in actions
+    ]
+    handles += [
+        Line2D([], [], marker="o", lw=0, color="0.3", mfc="0.3"),
+        Line2D([], [], marker="o", lw=0, color="0.3", mfc="white"),
+    ]
+    labels = [*actions, "Y (action)", "X (full cache)"]
+    title = f"{'/'.join(f'{100 * v:.10g}%' for v in level)} document-bootstrap intervals"
+    figure_legend(fig, handles, labels, title, ncol=min(len(labels), 4))
+    return fig
+
+
+def write_accuracy_figure(
+    accuracy_csv: str | os.PathLike,
+    png: str | os.PathLike,
+    pdf: str | os.PathLike,
+    actions: Sequence[str] | None = None,
+    palette_actions: Sequence[str] | None = None,
+    control: str | None = None,
+) -> None:
+    """Draw :func:`plot_accuracy` from the accuracy CSV and write it as PNG and PDF; actions
+    take the styles of the study's figures (``palette_actions`` order, ``control`` grey)."""
+    table = read_estimands(accuracy_csv)
+    plotted = list(actions) if actions is not None else list(dict.fromkeys(table["action"]))
+    styles = action_styles(list(palette_actions or plotted), control)
+    save_figure(plot_accuracy(table, plotted, styles, str(accuracy_csv)), png, pdf)
