@@ -38,7 +38,7 @@ import numpy as np
 import polars as pl
 
 from kvdiverge.analysis.bootstrap import percentile_interval, stratified_bootstrap_weights
-from kvdiverge.analysis.document_stats import AnalysisInputError
+from kvdiverge.analysis.document_stats import AnalysisInputError, Clock
 from kvdiverge.analysis.estimands import ESTIMAND_COLUMNS
 from kvdiverge.io import atomic_path
 from kvdiverge.risk import first_divergence
@@ -53,8 +53,10 @@ __all__ = [
     "accuracy_table",
     "document_metrics",
     "generated_text",
+    "metric_documents",
     "path_scores",
     "timing_classes",
+    "timing_depth",
     "write_accuracy",
 ]
 
@@ -88,6 +90,30 @@ def document_metrics(documents: pl.DataFrame, metric_of: Callable[[str, str], st
         metric=pl.Series([metric_of(s, t) for s, t in pairs.iter_rows()], dtype=pl.String)
     )
     return documents.join(table, on=["stratum", "task"], how="left")
+
+
+def metric_documents(
+    paths: Sequence[str | os.PathLike], datasets: Mapping[str, Any]
+) -> pl.DataFrame:
+    """The documents tables of ``paths`` with each document's ``metric``, named by its
+    stratum's dataset environment under the ``datasets`` config section."""
+    from kvdiverge.datasets import DatasetsConfig, read_documents
+    from kvdiverge.datasets.registry import environment
+
+    cfg = DatasetsConfig.from_config(datasets)
+    frame = pl.concat([read_documents(p) for p in paths])
+
+    def metric_of(stratum: str, task: str) -> str:
+        s = cfg.stratum(stratum)
+        return environment(s.env).metric(s, task)
+
+    return document_metrics(frame, metric_of)
+
+
+def timing_depth(H: int, clock: Mapping[str, Any] | None = None) -> int:
+    """d, the early/late boundary: the branch depth of the analysis clock at horizon ``H``
+    (:class:`kvdiverge.analysis.document_stats.Clock`; H/2 by default)."""
+    return Clock.for_horizon(H, **dict(clock or {})).branch_depth
 
 
 def generated_text(tokenizer: Any, tokens: Sequence[int], eos: Sequence[bool]) -> str:

@@ -1,0 +1,86 @@
+# Task accuracy beside divergence (src/kvdiverge/analysis/accuracy.py; README "Task accuracy"):
+# every replicate's X and Y generations of the study's evaluation documents scored with their
+# source's metric, per action, by divergence timing, with paired document-bootstrap intervals.
+
+
+def accuracy_tokenizers(wildcards):
+    """Tokenizer folder or hub id, revision and remote-code flag of every model (decoding)."""
+    return {
+        name: {
+            "path": model_path(name),
+            "revision": spec.get("revision"),
+            "trust_remote_code": bool(spec.get("trust_remote_code", False)),
+        }
+        for name, spec in config["models"].items()
+    }
+
+
+def accuracy_model_inputs(wildcards):
+    """The model folders that rules of this workflow build (their tokenizers decode)."""
+    return [model_path(m) for m in config["models"] if m in demo_models() + sourced_models()]
+
+
+rule accuracy:
+    input:
+        trajectories=lambda w: expand(
+            "results/{study}/{model}/trajectories/{action}/{stratum}.parquet",
+            study=w.study,
+            model=config["models"],
+            action=study_compared_actions(w),
+            stratum=[s.name for s in DATASETS.strata],
+        ),
+        documents=expand(
+            "data/documents/{stratum}.parquet", stratum=[s.name for s in DATASETS.strata]
+        ),
+        models=accuracy_model_inputs,
+    output:
+        csv="results/{study}/tables/accuracy.csv",
+        table_csv="results/{study}/tables/table_accuracy.csv",
+        table_md="results/{study}/tables/table_accuracy.md",
+        table_tex="results/{study}/tables/table_accuracy.tex",
+        table_html=report(
+            "results/{study}/tables/table_accuracy.html",
+            caption="../report/study_table_accuracy.rst",
+            category="Language-model study",
+            subcategory="Tables",
+            labels={"study": "{study}", "table": "A: task accuracy by divergence timing"},
+        ),
+        png=report(
+            "results/{study}/figures/accuracy.png",
+            caption="../report/study_accuracy.rst",
+            category="Language-model study",
+            subcategory="Figures",
+            labels={"study": "{study}", "figure": "A: task accuracy by divergence timing"},
+        ),
+        pdf="results/{study}/figures/accuracy.pdf",
+    log:
+        "logs/analysis/accuracy/{study}.log",
+    benchmark:
+        "results/benchmarks/accuracy/{study}.tsv"
+    wildcard_constraints:
+        study="|".join(config["studies"]) or "no-study",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        tokenizers=accuracy_tokenizers,
+        files=lambda w: {
+            model: {
+                action: [
+                    f"results/{w.study}/{model}/trajectories/{action}/{s.name}.parquet"
+                    for s in DATASETS.strata
+                ]
+                for action in study_compared_actions(w)
+            }
+            for model in config["models"]
+        },
+        actions=study_compared_actions,
+        control=study_control,
+        cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
+        datasets=config["datasets"],
+        clock=config["analysis"]["clock"],
+        draws=lambda w: config["studies"][w.study]["bootstrap_draws"],
+        level=config["analysis"]["level"],
+        seed=config["seed"],
+        code=script_code("accuracy.py"),
+    script:
+        "../scripts/accuracy.py"

@@ -1,0 +1,50 @@
+"""Rule accuracy: task accuracy per action and by divergence timing (long CSV, table, figure)."""
+
+from kvdiverge.logs import job_log
+
+log = job_log(snakemake)  # first: import errors and warnings go to the log too
+
+import polars as pl  # noqa: E402
+
+from kvdiverge.analysis.accuracy import (  # noqa: E402
+    accuracy_document_stats,
+    accuracy_table,
+    metric_documents,
+    timing_depth,
+    write_accuracy,
+)
+from kvdiverge.analysis.estimands import study_seed  # noqa: E402
+from kvdiverge.models import load_tokenizer  # noqa: E402
+from kvdiverge.plots.accuracy import write_accuracy_figure  # noqa: E402
+from kvdiverge.tables import write_accuracy_table  # noqa: E402
+from kvdiverge.trajectories import read_trajectory_metadata  # noqa: E402
+
+p, out, study = snakemake.params, snakemake.output, snakemake.wildcards.study
+actions = list(p.actions)
+documents = metric_documents(list(snakemake.input.documents), p.datasets)
+tables = []
+for model, files in p.files.items():
+    spec = p.tokenizers[model]
+    tokenizer = load_tokenizer(
+        spec["path"], trust_remote_code=spec["trust_remote_code"], revision=spec["revision"]
+    )
+    depth = timing_depth(int(read_trajectory_metadata(files[actions[0]][0])["H"]), p.clock)
+    stats = accuracy_document_stats(files, documents, tokenizer, depth)
+    table = accuracy_table(
+        stats,
+        model=model,
+        actions=actions,
+        cohort=p.cohort,
+        draws=p.draws,
+        seed=study_seed(p.seed, study),
+        level=p.level,
+    )
+    drops = table.filter((pl.col("stratum") == "pooled") & (pl.col("estimand") == "accuracy_drop"))
+    for row in drops.iter_rows(named=True):
+        log.info("%s %s: accuracy drop %.3f", model, row["action"], row["value"])
+    tables.append(table)
+write_accuracy(pl.concat(tables), out.csv)
+tabled = (out.table_csv, out.table_md, out.table_tex, out.table_html)
+write_accuracy_table(out.csv, tabled, actions)
+write_accuracy_figure(out.csv, out.png, out.pdf, actions, control=p.control)
+log.info("wrote %s, %s, %s", out.csv, out.table_html, out.png)
