@@ -40,6 +40,11 @@ def final_outputs():
         out += [f"results/{study}/tables/estimands.csv", f"results/{study}/plan.json"]
         if config["analysis"]["prediction"]["pairs"].get(study):
             out.append(f"results/{study}/tables/prediction.csv")
+        out += [  # rule accuracy (workflow/rules/accuracy.smk) writes them together
+            f"results/{study}/tables/accuracy.csv",
+            f"results/{study}/tables/table_accuracy.html",
+            f"results/{study}/figures/accuracy.png",
+        ]
     return out + figures_and_tables_outputs()
 
 
