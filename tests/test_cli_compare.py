@@ -1,0 +1,158 @@
+"""`kvdiverge compare` end to end on a small JSONL with a tiny demo model, its Python API, and its
+bad inputs (one line each, before the model loads)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kvdiverge.cli import main
+from kvdiverge.compare import CompareError, compare, parse_action_list
+from kvdiverge.tables import read_estimands
+from kvdiverge.trajectories import read_trajectories
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "data" / "models" / "tiny-llama"
+ACTIONS = "snapkv@0.5+window=8,recent@0.5"
+
+PROMPTS = [
+    {
+        "id": "fox",
+        "prompt": "One of the special magic numbers for red-fox is: 1234567. Remember it. "
+        "What is the special magic number for red-fox?",
+        "answers": ["1234567"],
+        "task": "niah",
+    },
+    {
+        "prompt": "The capital of the invented land Zorbia is Quell, a city by the sea. "
+        "What is the capital of Zorbia?",
+        "answers": "Quell",
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(prompts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare") / "out"
+    argv = ["compare", "--model", str(MODEL), "--prompts", str(prompts), "--actions", ACTIONS]
+    argv += ["--K", "2", "--H", "6", "--draws", "50", "--out", str(out)]
+    assert main(argv) == 0
+    return out
+
+
+def test_compare_writes_table1_figure5_and_accuracy(run):
+    for name in (
+        "table1.csv",
+        "table1.html",
+        "table1.tex",
+        "fig5_divergence_cdf.png",
+        "fig5_divergence_cdf.pdf",
+        "accuracy.csv",
+        "table_accuracy.html",
+        "accuracy.png",
+        "estimands.csv",
+        "documents.parquet",
+    ):
+        assert (run / name).stat().st_size > 0, name
+    table1 = pl.read_csv(run / "table1.csv")
+    assert table1["action"].to_list() == ACTIONS.split(",")
+    assert "<table" in (run / "table_accuracy.html").read_text()
+    documents = pl.read_parquet(run / "documents.parquet")
+    assert documents["doc_id"].to_list() == [
+        "custom-prompts/study1/000",
+        "custom-prompts/study1/001",
+    ]
+    assert documents["task"].to_list() == ["niah", "custom"]
+    assert documents["answers"].to_list() == [["1234567"], ["Quell"]]
+
+
+def test_compare_outputs_agree_with_each_other(run):
+    estimands = read_estimands(run / "estimands.csv")
+    accuracy = read_estimands(run / "accuracy.csv").filter(pl.col("stratum") == "pooled")
+    for action in ACTIONS.split(","):
+        traj = read_trajectories(run / "trajectories" / f"{action}.parquet")
+        assert traj.height == 2 * 2 * 6  # documents × K × H
+        diverged = traj.group_by("doc_id", "replicate").agg(pl.col("mismatch").any())
+        est = estimands.filter((pl.col("action") == action) & (pl.col("stratum") == "pooled"))
+        value = dict(zip(est["estimand"], est["value"], strict=True))
+        per_doc = diverged.group_by("doc_id").agg(pl.col("mismatch").mean())["mismatch"].mean()
+        assert value["div_prob"] == pytest.approx(per_doc, abs=1e-12)
+        assert value["div_cdf@6"] == value["div_prob"]
+        acc = accuracy.filter(pl.col("action") == action)
+        got = dict(zip(acc["estimand"], acc["value"], strict=True))
+        assert got["share@never"] == pytest.approx(1 - value["div_prob"], abs=1e-12)
+        if got["share@never"] > 0:
+            assert got["accuracy_drop@never"] == 0.0
+    # the shared reference: both actions score the same X generations
+    x = accuracy.filter(pl.col("estimand") == "accuracy_x")["value"].to_list()
+    assert x[0] == x[1]
+
+
+def test_the_python_api_returns_frames(prompts):
+    result = compare(MODEL, prompts, ["recent@0.5"], K=1, H=4, draws=20)
+    assert result.files == {}
+    assert result.table1["action"].to_list() == ["recent@0.5"]
+    assert result.divergence_cdf["t"].to_list() == [1, 2, 3, 4]
+    assert set(result.accuracy["estimand"]) >= {"accuracy_x", "accuracy_y", "accuracy_drop"}
+    assert result.accuracy_table.height == 1 and result.documents.height == 2
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"--actions": "snapkv@2.5"}, "--actions: actions.snapkv@2.5.budget"),
+        ({"--actions": "lru@0.5"}, "--actions: actions.lru@0.5.selector: expected one of"),
+        ({"--actions": "recent@0.5,recent@0.5"}, "--actions: action 'recent@0.5' given twice"),
+        ({"--actions": "snapkv@0.5+window"}, "expected KEY=VALUE after '+'"),
+        ({"--actions": "snapkv@0.5"}, "too short for the 64-token observation window"),
+        ({"--K": "0"}, "--K: expected an integer >= 1"),
+        ({"--H": "2"}, "--H: expected an integer >= 4"),
+        ({"--metric": "bleu"}, "--metric: expected one of"),
+        ({"--model": "/nonexistent/model"}, "--model"),
+        ({"--prompts": "/nonexistent/p.jsonl"}, "p.jsonl: no such file"),
+    ],
+)
+def test_bad_inputs_are_one_line(prompts, tmp_path, capsys, change, message):
+    args = {"--model": str(MODEL), "--prompts": str(prompts), "--actions": "recent@0.5"}
+    args |= {"--H": "4", "--out": str(tmp_path / "out")} | change
+    argv = ["compare", *[x for kv in args.items() for x in kv]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvdiverge compare: ") and "\n" not in err, err
+    assert message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_prompts_line_is_named(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(PROMPTS[0]) + "\n" + '{"prompt": "x"}\n')
+    argv = ["compare", "--model", str(MODEL), "--prompts", str(bad), "--actions", "recent@0.5"]
+    assert main(argv) == 2
+    assert "bad.jsonl, line 2, field 'answers': missing" in capsys.readouterr().err
+
+
+def test_action_items_parse_like_config_entries():
+    snap, full = parse_action_list("snapkv@512+window=16+kernel=3,full")
+    assert snap.as_dict()["budget"] == 512 and snap.window == 16 and snap.kernel == 3
+    assert full.keeps_everything and full.name == "full"
+    with pytest.raises(CompareError, match="expected comma-separated actions"):
+        parse_action_list("snapkv@0.5,,full")
+
+
+def test_help_lists_the_commands():
+    out = subprocess.run(
+        [sys.executable, "-m", "kvdiverge.cli", "--help"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "compare" in out.stdout
