@@ -3,23 +3,6 @@
 # source's metric, per action, by divergence timing, with paired document-bootstrap intervals.
 
 
-def accuracy_tokenizers(wildcards):
-    """Tokenizer folder or hub id, revision and remote-code flag of every model (decoding)."""
-    return {
-        name: {
-            "path": model_path(name),
-            "revision": spec.get("revision"),
-            "trust_remote_code": bool(spec.get("trust_remote_code", False)),
-        }
-        for name, spec in config["models"].items()
-    }
-
-
-def accuracy_model_inputs(wildcards):
-    """The model folders that rules of this workflow build (their tokenizers decode)."""
-    return [model_path(m) for m in config["models"] if m in demo_models() + sourced_models()]
-
-
 rule accuracy:
     input:
         trajectories=lambda w: expand(
@@ -32,7 +15,9 @@ rule accuracy:
         documents=expand(
             "data/documents/{stratum}.parquet", stratum=[s.name for s in DATASETS.strata]
         ),
-        models=accuracy_model_inputs,
+        models=lambda w: [
+            model_path(m) for m in config["models"] if m in demo_models() + sourced_models()
+        ],
     output:
         csv="results/{study}/tables/accuracy.csv",
         table_csv="results/{study}/tables/table_accuracy.csv",
@@ -62,7 +47,14 @@ rule accuracy:
     conda:
         "../../envs/analysis.yaml"
     params:
-        tokenizers=accuracy_tokenizers,
+        tokenizers=lambda w: {  # the tokenizer of every model decodes its generations
+            name: {
+                "path": model_path(name),
+                "revision": spec.get("revision"),
+                "trust_remote_code": bool(spec.get("trust_remote_code", False)),
+            }
+            for name, spec in config["models"].items()
+        },
         files=lambda w: {
             model: {
                 action: [
