@@ -46,6 +46,7 @@ def _expected_jobs() -> dict[str, int]:
         "study_figures": len(studies),
         "study_branch_figure": 1,
         "study_tables": len(studies),
+        "accuracy": len(studies),
         "introductory_figure": 1,
         "finite_state_systems": 1,
         "finite_state_figures": 1,
