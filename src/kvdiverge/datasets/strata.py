@@ -181,7 +181,10 @@ class DatasetsConfig:
         """The task list of a stratum, or of an env's first stratum (RULER tasks, HELMET
         datasets; a ``custom`` stratum's tasks come from its file, so its plan has one)."""
         if isinstance(stratum, str):
-            stratum = next(s for s in self.strata if s.env == stratum)
+            found = [s for s in self.strata if s.env == stratum]
+            if not found:
+                raise DatasetError(f"no stratum of env {stratum!r} is configured")
+            stratum = found[0]
         return environment(stratum.env).tasks(self, stratum)
 
 
