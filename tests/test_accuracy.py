@@ -234,3 +234,18 @@ def test_accuracy_errors_are_one_line():
         accuracy_table(stats, model="m", actions=["a", "b"], draws=10)
     with pytest.raises(AnalysisInputError, match="action 'c' has no rows"):
         accuracy_table(stats, model="m", actions=["a", "c"], draws=10)
+
+
+def test_accuracy_figure_in_house_style(tmp_path):
+    from kvdiverge.plots.accuracy import plot_accuracy, write_accuracy_figure
+    from kvdiverge.plots.base import MIN_FONT_PT, TEXT_WIDTH, smallest_font
+
+    table = accuracy_table(_stats(), model="m", actions=["a", "b"], draws=50, seed=1)
+    fig = plot_accuracy(table, ["a", "b"])
+    assert fig.get_size_inches()[0] == TEXT_WIDTH
+    assert smallest_font(fig) >= MIN_FONT_PT
+    ticks = [t.get_text() for t in fig.axes[1].get_xticklabels()]
+    assert ticks == ["early\n(50% of paths)", "late\n(25% of paths)", "never\n(25% of paths)"]
+    write_accuracy(table, tmp_path / "accuracy.csv")
+    write_accuracy_figure(tmp_path / "accuracy.csv", tmp_path / "a.png", tmp_path / "a.pdf")
+    assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "a.pdf").stat().st_size > 0
