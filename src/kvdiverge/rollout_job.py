@@ -2,9 +2,10 @@
 
 One job of rule ``rollout_<study>`` (``docs/architecture.md``, "Rollout jobs"): read the
 documents of the job's cohorts, load the model once, run every document through
-:func:`kvdiverge.decode.rollout_document_actions` (one prefill per document for all actions),
-convert the results to the trajectory table (:data:`kvdiverge.trajectories.TRAJECTORY_SCHEMA`,
-one row per document, replicate and step) and write one file per action with its metadata.
+:func:`kvdiverge.decode.rollout_documents` (one prefill per document for all actions; each
+model call holds the rows of several documents), convert the results to the trajectory table
+(:data:`kvdiverge.trajectories.TRAJECTORY_SCHEMA`, one row per document, replicate and step) and
+write one file per action with its metadata.
 """
 
 from __future__ import annotations
@@ -12,21 +13,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, replace
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import polars as pl
 import torch
 
-from kvdiverge.decode import DocumentRollout, RolloutSettings, rollout_document_actions
+from kvdiverge.decode import DocumentRollout, RolloutSettings, rollout_documents
 from kvdiverge.eviction import ActionSpec, parse_action
 from kvdiverge.trajectories import METADATA_KEYS, TRAJECTORY_SCHEMA
 
 __all__ = [
     "TIMING_KEYS",
+    "add_timing",
+    "document_rollouts",
     "rollout_documents_actions",
     "run_stratum_rollout_job",
     "select_documents",
@@ -68,6 +70,48 @@ def trajectory_frame(rollouts: Iterable[DocumentRollout]) -> pl.DataFrame:
     return pl.concat(frames)
 
 
+def add_timing(timing: dict[str, dict[str, float]], name: str, result: DocumentRollout) -> None:
+    """Add one document's seconds of action ``name`` to the per-action sums of ``timing``."""
+    sums = timing.setdefault(name, dict.fromkeys(TIMING_KEYS, 0))
+    sums["documents"] += 1
+    sums["paths"] += len(result.replicates)
+    sums["prefill_seconds"] += result.prefill_seconds
+    sums["selection_seconds"] += result.selection_seconds
+    sums["decode_seconds"] += result.decode_seconds
+
+
+def document_rollouts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    documents: Sequence[tuple[str, str, Mapping[str, int]]],
+    actions: Sequence[ActionSpec | Mapping[str, Any]],
+    eos_ids: Sequence[int],
+    settings: RolloutSettings,
+    skip: Any = None,
+) -> Iterator[tuple[str, dict[str, DocumentRollout]]]:
+    """``(doc_id, {action name: DocumentRollout})`` per document, in order, as its batches
+    finish: :func:`kvdiverge.decode.rollout_documents` over the chat-wrapped prompts, so each
+    model call holds the rows of as many documents as ``settings.max_batch_rows`` allows.
+
+    ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
+    mapping does not run it. ``skip(doc_id)``: a document already done (a resumed job).
+    """
+    from kvdiverge.models import chat_prompt_ids
+
+    specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
+    known = {a.name for a in specs}
+    for doc_id, _, counts in documents:  # every document checked before any model call
+        unknown = [name for name in counts if name not in known]
+        if unknown:
+            raise ValueError(f"document {doc_id}: replicates for unknown action(s) {unknown}")
+    inputs = [
+        (doc_id, chat_prompt_ids(tokenizer, prompt), dict(counts))
+        for doc_id, prompt, counts in documents
+        if counts
+    ]
+    yield from rollout_documents(model, inputs, specs, eos_ids, settings, skip=skip)
+
+
 def rollout_documents_actions(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -82,40 +126,25 @@ def rollout_documents_actions(
 
     ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
     mapping does not run it. Each prompt is wrapped by the tokenizer's chat template
-    and prefilled once for all its actions (:func:`rollout_document_actions`). Each action's
-    table lists its documents in the order given. ``progress``: optional tqdm-like object
-    updated once per document. ``timing``: optional dict filled with, per action name, the
-    sums over its documents of ``documents``, ``paths`` and the seconds of
-    :func:`rollout_document_actions` (``prefill_seconds``: each document's shared prefill,
-    counted in full for every action that runs it; ``selection_seconds``; ``decode_seconds``).
+    and prefilled once for all its actions, and each model call holds the rows of several
+    documents (:func:`document_rollouts`, :func:`kvdiverge.decode.rollout_documents`): every
+    document's values equal its one-document run
+    (:func:`kvdiverge.decode.rollout_document_actions`) to
+    floating-point rounding. Each action's table lists its documents in the order given.
+    ``progress``: optional tqdm-like object updated once per document. ``timing``: optional
+    dict filled with, per action name, the sums over its documents of ``documents``,
+    ``paths`` and the seconds of the rollout (``prefill_seconds``: each document's shared
+    prefill, counted in full for every action that runs it; ``selection_seconds``;
+    ``decode_seconds``, the action's share of the batches its documents ran in).
     """
-    from kvdiverge.models import chat_prompt_ids
-
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
     rollouts: dict[str, list[DocumentRollout]] = {a.name: [] for a in specs}
-    rows = settings.max_batch_rows
-    for doc_id, prompt, counts in documents:
-        unknown = [name for name in counts if name not in rollouts]
-        if unknown:
-            raise ValueError(f"document {doc_id}: replicates for unknown action(s) {unknown}")
-        running = [a for a in specs if a.name in counts]
-        if running:
-            ids = chat_prompt_ids(tokenizer, prompt)
-            results = rollout_document_actions(
-                model, ids, running, doc_id, counts, eos_ids, replace(settings, max_batch_rows=rows)
-            )
-            for name, result in results.items():
-                per = result.rows_per_replicate
-                if result.batch_rows < min(max(1, rows // per), len(result.replicates)) * per:
-                    rows = result.batch_rows  # an out-of-memory split: keep the size that fitted
-                rollouts[name].append(result)
-                if timing is not None:
-                    sums = timing.setdefault(name, dict.fromkeys(TIMING_KEYS, 0))
-                    sums["documents"] += 1
-                    sums["paths"] += len(result.replicates)
-                    sums["prefill_seconds"] += result.prefill_seconds
-                    sums["selection_seconds"] += result.selection_seconds
-                    sums["decode_seconds"] += result.decode_seconds
+    documents = list(documents)
+    for _, results in document_rollouts(model, tokenizer, documents, specs, eos_ids, settings):
+        for name, result in results.items():
+            rollouts[name].append(result)
+            if timing is not None:
+                add_timing(timing, name, result)
         if progress is not None:
             progress.update(1)
     return {name: trajectory_frame(results) for name, results in rollouts.items()}
@@ -304,15 +333,22 @@ def run_stratum_rollout_job(
     )
     with tqdm(total=len(documents), file=log_file, unit="doc", mininterval=1.0) as bar:
         bar.update(len(resumed))
-        for doc in documents:
-            doc_id = doc[0]
-            if scratch.done(doc_id):
-                continue
-            start = time.perf_counter()
+        rollouts = document_rollouts(
+            lm,
+            tokenizer,
+            documents,
+            list(specs.values()),
+            eos,
+            settings,
+            skip=set(resumed).__contains__,
+        )
+        for doc_id, results in rollouts:
             timing: dict[str, dict[str, float]] = {}
-            frames = rollout_documents_actions(
-                lm, tokenizer, [doc], list(specs.values()), eos, settings, timing=timing
-            )
+            for name, result in results.items():
+                add_timing(timing, name, result)
+            frames = {
+                name: trajectory_frame([results[name]] if name in results else []) for name in specs
+            }
             scratch.save(doc_id, frames, info=timing)
             diverged = [
                 f.group_by("replicate").agg(pl.col("mismatch").any()) for f in frames.values()
@@ -323,7 +359,7 @@ def run_stratum_rollout_job(
                 "%s: %d prompt tokens, %.1f s, %.0f%% of %d paths diverged within H",
                 doc_id,
                 lengths.get(doc_id, -1),
-                time.perf_counter() - start,
+                next(iter(results.values())).document_seconds,
                 100 * share,
                 paths,
             )
