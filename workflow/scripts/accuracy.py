@@ -4,6 +4,8 @@ from kvdiverge.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
+import logging  # noqa: E402
+
 import polars as pl  # noqa: E402
 
 from kvdiverge.analysis.accuracy import (  # noqa: E402
@@ -19,6 +21,7 @@ from kvdiverge.plots.accuracy import write_accuracy_figure  # noqa: E402
 from kvdiverge.tables import write_accuracy_table  # noqa: E402
 from kvdiverge.trajectories import read_trajectory_metadata  # noqa: E402
 
+logging.getLogger("fontTools").setLevel(logging.WARNING)  # no subsetting lines per PDF
 p, out, study = snakemake.params, snakemake.output, snakemake.wildcards.study
 actions = list(p.actions)
 documents = metric_documents(list(snakemake.input.documents), p.datasets)

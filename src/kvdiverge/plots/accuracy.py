@@ -142,7 +142,7 @@ def plot_accuracy(
     ]
     labels = [*actions, "Y (action)", "X (full cache)"]
     title = f"{'/'.join(f'{100 * v:.10g}%' for v in level)} document-bootstrap intervals"
-    figure_legend(fig, handles, labels, title, ncol=min(len(labels), 4))
+    figure_legend(fig, handles, labels, title, ncol=min(len(labels), 6))
     return fig
 
 
