@@ -754,8 +754,8 @@ def _groups(table: StudyTable) -> list[tuple[str, list[list[str]]]]:
 
 
 def _title(name: str) -> str:
-    """``table3`` → ``Table 3``."""
-    return re.sub(r"^table(\d+)$", r"Table \1", name)
+    """``table3`` → ``Table 3``; ``tableA`` (the accuracy table) → ``Table A``."""
+    return re.sub(r"^table(\d+|[A-Z])$", r"Table \1", name)
 
 
 def render_markdown(table: StudyTable) -> str:
@@ -1125,7 +1125,7 @@ def accuracy_study_table(
         "within H generate the same text under both caches."
     )
     return _measure_table(
-        "accuracy",
+        "tableA",
         caption,
         [("model", "Model"), ("action", "Action")],
         records,
