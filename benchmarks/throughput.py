@@ -1,0 +1,416 @@
+"""Benchmark: the rollout engine's throughput against the machine's own peak, in one process.
+
+For a model (SmolLM2-135M-Instruct, the tiny Llama demo model) and a job shape (the default's:
+study 1's four actions, K = 3, K_dev = K_control = 2, H = 32, two development and two
+evaluation documents of ~768 tokens; the CPU study's: K = 4, prompts of 1K/2K/4K tokens, two
+development and three evaluation documents), it runs one rollout job's documents through
+``kvdiverge.decode.rollout_documents`` (the rows of several documents in each model call) and
+reports, side by side with the big-GEMM rate measured in the same process just before and after
+(a 2048×576×1536 float32 matmul, the model's MLP shape):
+
+* decode row-steps/s and the model arithmetic it achieved: the matrix products of every
+  decoding call counted exactly (every linear layer and the LM head per row, attention 4·d per
+  attended entry per query head and layer: the row's prompt part and its own entries), over the
+  decode wall time (coupling, float64 softmax and bookkeeping included), and its ratio to the
+  GEMM rate;
+* prefill tokens/s and its model GFLOP/s (causal attention counted as n²/2 pairs), and ratio;
+* where the decode time goes: the model calls' attention blocks (projections included; the
+  shared-prefix attention itself apart), MLPs, LM head, the rest of the calls, and the time
+  outside the model calls (coupling, float64 softmax, EOS handling, row bookkeeping);
+* the speed-up over the per-replicate transformers baseline of ``benchmarks/rollout.py``
+  (batch-1 forwards over per-replicate cache copies, the same coupling), seconds per coupled
+  path of H steps: the baseline's on the job's first document for SnapKV-half at K, against
+  the job's decode seconds over all its paths.
+
+The machine is shared, so every ratio is taken against GEMM rates measured in the same process
+next to it; a ratio with GEMM rates that differ by more than 20% before and after is flagged.
+
+Usage::
+
+    python benchmarks/throughput.py                       # both models, both shapes
+    python benchmarks/throughput.py --models smollm2 --shapes cpu-study --lengths 2048
+    python benchmarks/throughput.py --sweep 48 96 192 384  # decode rate per row budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import kvdiverge.attention as attention  # noqa: E402
+import kvdiverge.decode as decode  # noqa: E402
+from kvdiverge.decode import RolloutSettings, rollout_documents  # noqa: E402
+from kvdiverge.eviction import parse_action, run_prefill  # noqa: E402
+from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer  # noqa: E402
+
+MODELS = {"smollm2": ROOT / "data/models/smollm2", "tiny": ROOT / "data/models/tiny-llama"}
+ACTIONS = [
+    parse_action({"selector": "snapkv", "budget": 512}, name="snapkv-512"),
+    parse_action({"selector": "snapkv", "budget": 0.5}, name="snapkv-half"),
+    parse_action({"selector": "recent", "budget": 0.5}, name="recent-half"),
+    parse_action({"selector": "full"}, name="full"),
+]
+GEMM = (2048, 576, 1536)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A rollout job's shape: prompt tokens, H, and per document the replicates per action."""
+
+    name: str
+    n: int
+    H: int
+    counts: tuple[dict[str, int], ...]
+
+
+def job_counts(k: int, k_dev: int, k_control: int, n_dev: int, n_eval: int) -> tuple[dict, ...]:
+    """Per document {action: K}: the development documents at K_dev, the evaluation ones at
+    K, the control at K_control on both (``config.yaml``'s study 1)."""
+    dev = {a.name: (k_control if a.name == "full" else k_dev) for a in ACTIONS}
+    ev = {a.name: (k_control if a.name == "full" else k) for a in ACTIONS}
+    return tuple([dev] * n_dev + [ev] * n_eval)
+
+
+def shapes(names: Sequence[str], lengths: Sequence[int], H: int) -> list[Shape]:
+    out = []
+    if "default" in names:  # config.yaml: 768-token strata, 2 dev + 2 study1 documents
+        out.append(Shape("default", 768 - H, H, job_counts(3, 2, 2, 2, 2)))
+    if "cpu-study" in names:  # configs/cpu-study.yaml: 2 dev + 3 study1 documents per stratum
+        for n in lengths:
+            out.append(Shape(f"cpu-study {n // 1024}K", n - H, H, job_counts(4, 2, 2, 2, 3)))
+    return out
+
+
+def gemm_rate(seconds: float = 1.0) -> float:
+    """GFLOP/s of the big float32 GEMM in this process (best of three timed runs)."""
+    m, k, n = GEMM
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
+    torch.mm(a, b)
+    start = time.perf_counter()
+    reps = 0
+    while time.perf_counter() - start < seconds / 3 or reps < 2:
+        torch.mm(a, b)
+        reps += 1
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        best = min(best, (time.perf_counter() - start) / reps)
+    return 2 * m * k * n / best / 1e9
+
+
+def essay_text() -> str:
+    return "\n\n".join(p.read_text() for p in sorted((ROOT / "data/fixtures/essays").glob("*.txt")))
+
+
+def document_prompts(tokenizer, n: int, count: int) -> list[list[int]]:
+    """``count`` chat-wrapped prompts of at most ``n`` tokens (the most essay words that fit),
+    each from another essay offset."""
+    words = essay_text().split()
+    question = "\nAnswer briefly: what is the text about?"
+
+    def wrapped(start: int, m: int) -> list[int]:
+        chosen = [words[(start + i) % len(words)] for i in range(m)]
+        return chat_prompt_ids(tokenizer, " ".join(chosen) + question)
+
+    out = []
+    for i in range(count):
+        start = (i * 997) % len(words)
+        low, high = 1, 4 * n  # the most words whose wrapped prompt fits
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if len(wrapped(start, mid)) <= n else (low, mid - 1)
+        out.append(wrapped(start, low))
+    return out
+
+
+class FlopCounter:
+    """Model arithmetic of the engine's decoding calls (a spy on ``decode._decode_step``) and
+    where their time goes (forward hooks on the attention blocks, MLPs and LM head)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        c = model.config
+        self.d = (
+            c.hidden_size // c.num_attention_heads
+            if not getattr(c, "head_dim", None)
+            else c.head_dim
+        )
+        self.heads, self.layers = c.num_attention_heads, c.num_hidden_layers
+        linear = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        self.body = sum(m.weight.numel() for m in linear if m is not model.lm_head)
+        self.head = model.lm_head.weight.numel()
+        self.flops = self.rows = self.calls = 0
+        self.seconds = dict.fromkeys(("model", "attention", "shared-prefix", "mlp", "lm_head"), 0.0)
+        self._real = decode._decode_step
+        self._handles = []
+        self._starts: dict[int, float] = {}
+        for layer in model.model.layers:
+            self._time(layer.self_attn, "attention")
+            self._time(layer.mlp, "mlp")
+        self._time(model.lm_head, "lm_head")
+        self._real_attention = attention.shared_prefix_attention
+        self.model = model
+
+    def _time(self, module: torch.nn.Module, key: str) -> None:
+        def pre(mod, args):
+            self._starts[id(mod)] = time.perf_counter()
+
+        def post(mod, args, out):
+            self.seconds[key] += time.perf_counter() - self._starts.pop(id(mod))
+
+        self._handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+    def step_flops(self, shared, rows: int, own: int) -> int:
+        per_entry = 4 * self.d * self.heads * self.layers
+        prompt = sum(
+            r.numel() * prompt[0][0].shape[1]
+            for r, prompt in zip(shared.rows, shared.prompts, strict=True)
+        )
+        return rows * 2 * (self.body + self.head) + per_entry * (prompt + rows * own)
+
+    def __enter__(self) -> FlopCounter:
+        counter = self
+
+        def spy(model, tokens, position, cache, shared):
+            start = time.perf_counter()
+            out = counter._real(model, tokens, position, cache, shared)
+            counter.seconds["model"] += time.perf_counter() - start
+            rows = tokens.shape[0]
+            counter.flops += counter.step_flops(shared, rows, cache.get_seq_length())
+            counter.rows += rows
+            counter.calls += 1
+            return out
+
+        def timed_attention(*args, **kwargs):
+            start = time.perf_counter()
+            out = counter._real_attention(*args, **kwargs)
+            if kwargs.get("kvd_prefix") is not None:
+                counter.seconds["shared-prefix"] += time.perf_counter() - start
+            return out
+
+        decode._decode_step = spy
+        interface = transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS
+        self._previous = interface[attention.ATTENTION_NAME]
+        interface[attention.ATTENTION_NAME] = timed_attention
+        return self
+
+    def __exit__(self, *exc) -> None:
+        decode._decode_step = self._real
+        transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS[attention.ATTENTION_NAME] = (
+            self._previous
+        )
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def prefill_flops(counter: FlopCounter, n: int) -> float:
+    """A prefill's matrix products: every linear layer per token, the LM head once, causal
+    attention (n²/2 query–key pairs, 4·d each per query head and layer)."""
+    return (
+        n * 2 * counter.body
+        + 2 * counter.head
+        + 2 * counter.d * counter.heads * counter.layers * n * n
+    )
+
+
+def measure_prefill(model, prompts: list[list[int]], counter: FlopCounter) -> dict:
+    """Each prompt's prefill as the engine runs it (with the actions' window queries)."""
+    seconds = []
+    for ids in prompts:
+        start = time.perf_counter()
+        run_prefill(model, ids, actions=ACTIONS)
+        seconds.append(time.perf_counter() - start)
+    tokens = sum(len(p) for p in prompts)
+    flops = sum(prefill_flops(counter, len(p)) for p in prompts)
+    return {"tokens_per_s": tokens / sum(seconds), "gflops": flops / sum(seconds) / 1e9}
+
+
+def measure_decode(model, docs, eos, settings, counter: FlopCounter) -> dict:
+    """The job's documents through ``rollout_documents``: decode seconds are the wall time less
+    the prefills and selections (timed by the engine)."""
+    counter.flops = counter.rows = counter.calls = 0
+    counter.seconds = dict.fromkeys(counter.seconds, 0.0)
+    start = time.perf_counter()
+    with counter:
+        results = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
+    wall = time.perf_counter() - start
+    first = [next(iter(r.values())) for r in results.values()]
+    setup = sum(f.prefill_seconds for f in first)
+    setup += sum(r.selection_seconds for res in results.values() for r in res.values())
+    seconds = wall - setup
+    paths = sum(len(r.replicates) for res in results.values() for r in res.values())
+    return {
+        "seconds": seconds,
+        "row_steps_per_s": counter.rows / seconds,
+        "gflops": counter.flops / seconds / 1e9,
+        "rows_per_call": counter.rows / max(counter.calls, 1),
+        "path_seconds": seconds / paths,
+        "breakdown": {**counter.seconds, "outside": seconds - counter.seconds["model"]},
+        "results": results,
+    }
+
+
+def measure_baseline(model, ids, K: int, H: int, eos) -> float:
+    """Seconds per coupled path of the per-replicate baseline (``benchmarks/rollout.py``)."""
+    from rollout import ACTION, baseline_rollout
+
+    prefill = run_prefill(model, ids, ACTION.window)
+    _, seconds = baseline_rollout(model, prefill, K, H, eos)
+    return seconds / K
+
+
+def run(model_name: str, shape: Shape, rows: int, baseline: bool) -> dict:
+    model = load_model(str(MODELS[model_name]))
+    tokenizer = load_tokenizer(str(MODELS[model_name]))
+    eos = eos_token_ids(model, tokenizer)
+    prompts = document_prompts(tokenizer, shape.n, len(shape.counts))
+    docs = [
+        (f"bench/{i}", ids, c) for i, (ids, c) in enumerate(zip(prompts, shape.counts, strict=True))
+    ]
+    counter = FlopCounter(model)
+    run_prefill(model, prompts[0][:64])  # warm-up: first-call allocations and kernel choice
+    gemm = [gemm_rate()]
+    prefill = measure_prefill(model, prompts[:2], counter)
+    gemm.append(gemm_rate())
+    settings = RolloutSettings(shape.H, 1, max_batch_rows=rows)
+    dec = measure_decode(model, docs, eos, settings, counter)
+    gemm.append(gemm_rate())
+    out = {
+        "model": model_name,
+        "shape": shape.name,
+        "n": shape.n,
+        "prefill": prefill,
+        "decode": dec,
+    }
+    if baseline:
+        k = max(c["snapkv-half"] for c in shape.counts)
+        out["baseline_path_seconds"] = measure_baseline(model, prompts[0], k, shape.H, eos)
+        gemm.append(gemm_rate())
+    counter.close()
+    out["gemm"] = gemm
+    return out
+
+
+def report(rows: list[dict]) -> None:
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{torch.backends.cpu.get_cpu_capability()}; GEMM: {'×'.join(map(str, GEMM))} float32 "
+        "(min–max of the rates measured before, between and after); ratios against their mean\n"
+    )
+    print(
+        "| model | shape | rows/call | decode row-steps/s | decode GFLOP/s | prefill tok/s | "
+        "prefill GFLOP/s | GEMM GFLOP/s | decode/GEMM | prefill/GEMM | × baseline |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        g = np.array(r["gemm"])
+        peak = float(g.mean())
+        flag = " (contended)" if g.max() > 1.2 * g.min() else ""
+        d, p = r["decode"], r["prefill"]
+        speedup = (
+            f"{r['baseline_path_seconds'] / d['path_seconds']:.1f}×"
+            if "baseline_path_seconds" in r
+            else "—"
+        )
+        print(
+            f"| {r['model']} | {r['shape']} (n={r['n']}) | {d['rows_per_call']:.0f} | "
+            f"{d['row_steps_per_s']:.0f} | {d['gflops']:.1f} | {p['tokens_per_s']:.0f} | "
+            f"{p['gflops']:.1f} | {g.min():.0f}–{g.max():.0f}{flag} | "
+            f"{d['gflops'] / peak:.0%} | {p['gflops'] / peak:.0%} | {speedup} |"
+        )
+    print("\nDecode time by part (seconds; attention blocks include their projections):\n")
+    print(
+        "| model | shape | decode s | attention | of which shared-prefix | MLP | LM head | "
+        "other in calls | outside calls (coupling, softmax, bookkeeping) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        d, b = r["decode"], r["decode"]["breakdown"]
+        other = b["model"] - b["attention"] - b["mlp"] - b["lm_head"]
+        print(
+            f"| {r['model']} | {r['shape']} | {d['seconds']:.1f} | {b['attention']:.1f} | "
+            f"{b['shared-prefix']:.1f} | {b['mlp']:.1f} | {b['lm_head']:.1f} | {other:.1f} | "
+            f"{b['outside']:.1f} |"
+        )
+
+
+def sweep(model_name: str, budgets: Sequence[int], H: int) -> None:
+    """Decode rate per row budget on the default shape with more documents (to fill calls)."""
+    model = load_model(str(MODELS[model_name]))
+    tokenizer = load_tokenizer(str(MODELS[model_name]))
+    eos = eos_token_ids(model, tokenizer)
+    counts = job_counts(3, 2, 2, 4, 8)
+    prompts = document_prompts(tokenizer, 768 - 32, len(counts))
+    docs = [(f"bench/{i}", ids, c) for i, (ids, c) in enumerate(zip(prompts, counts, strict=True))]
+    counter = FlopCounter(model)
+    print(
+        f"| {model_name}: row budget | rows/call | row-steps/s | GFLOP/s | GEMM GFLOP/s | ratio |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
+    for budget in budgets:
+        g0 = gemm_rate()
+        d = measure_decode(model, docs, eos, RolloutSettings(H, 1, max_batch_rows=budget), counter)
+        g = (g0 + gemm_rate()) / 2
+        print(
+            f"| {budget} | {d['rows_per_call']:.0f} | {d['row_steps_per_s']:.0f} | "
+            f"{d['gflops']:.1f} | {g:.0f} | {d['gflops'] / g:.0%} |",
+            flush=True,
+        )
+    counter.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--shapes", nargs="+", default=["default", "cpu-study"])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
+    parser.add_argument("--H", type=int, default=32)
+    parser.add_argument(
+        "--rows", type=int, default=None, help="max_batch_rows (the schema's default)"
+    )
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--sweep", type=int, nargs="+", help="row budgets to compare instead")
+    parser.add_argument("--device", default="cpu", choices=["cpu"])
+    args = parser.parse_args()
+    transformers.utils.logging.disable_progress_bar()
+    if args.sweep:
+        for name in args.models:
+            sweep(name, args.sweep, 8)
+        return
+    rows = args.rows or default_rows()
+    out = []
+    for name in args.models:
+        for shape in shapes(args.shapes, args.lengths, args.H):
+            out.append(run(name, shape, rows, not args.no_baseline))
+            print(f"done {name} {shape.name}", file=sys.stderr, flush=True)
+    print(f"max_batch_rows {rows}")
+    report(out)
+
+
+def default_rows() -> int:
+    """The config schema's default of ``rollout.max_batch_rows``."""
+    import yaml
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    return int(schema["properties"]["rollout"]["properties"]["max_batch_rows"]["default"])
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    main()
