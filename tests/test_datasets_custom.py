@@ -281,3 +281,16 @@ def test_custom_strata_plan_from_their_own_files(tmp_path):
     strata = [_custom(a), {**_custom(b), "label": "two"}]
     cfg = config(strata=strata, cohorts={"dev": 0, "study1": 2, "study2": 0})
     assert [s.source_index for s in plan_documents(cfg)] == [0, 1, 0, 1]
+
+
+def test_the_custom_fixture_reads_and_fits():
+    path = REPO / "data" / "fixtures" / "custom" / "prompts.jsonl"
+    records = read_custom_records(path)
+    assert len(records) == 12 and all("{context}" in r.prompt for r in records)
+    assert {r.task for r in records} == {"founder", "year"}
+    assert all(r.answers[0] in r.context for r in records)  # the answer is in the passages
+    strata = [{**_custom(path, fit="truncate"), "target_tokens": 160}]
+    cfg = config(strata=strata, cohorts={"dev": 2, "study1": 2, "study2": 2})
+    frame = materialize_stratum(cfg, "custom-own", length_fn(word_tokenizer()))
+    assert frame.height == 6 and (frame["n_tokens"] <= 160 - 32).all()
+    assert frame["source"][0].startswith(f"custom:{path}#synthetic-custom-00 context_kept=")

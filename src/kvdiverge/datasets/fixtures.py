@@ -1,8 +1,9 @@
 """Synthetic fixtures for the embedded default (issue "Dataset materialization", item 3).
 
 Small files in the exact formats of HELMET (KILT JSONL, ALCE JSON, prompt JSON), SQuAD v2 dev,
-HotpotQA dev-distractor, and an essay folder, all written for this project by a deterministic
-generator from an invented world (fictional towns, rivers, people and books). Every file says
+HotpotQA dev-distractor, an essay folder and a ``custom`` prompts file (JSONL), all written for
+this project by a deterministic generator from an invented world (fictional towns, rivers,
+people and books). Every file says
 it is synthetic (ids prefixed ``synthetic-``, a ``_note`` field, SQuAD's ``version``) and the
 folder holds a ``SYNTHETIC`` marker, so ``source`` in the documents table says so too. They
 are read by the same loaders as the real files.
@@ -293,6 +294,34 @@ def _alce_prompts(world: _World, towns: list[dict], dataset: str) -> dict:
     }
 
 
+def _custom_rows(world: _World, rng: random.Random, n: int = 12) -> list[dict]:
+    """Records of the ``custom`` environment's format (:mod:`kvdiverge.datasets.custom`): a
+    question about one town, its passages among others' in ``context``, ``{context}`` in the
+    prompt, the founder or the founding year as the answer."""
+    rows = []
+    for i, t in enumerate(world.towns[:n]):
+        others = rng.sample([o for o in world.towns if o is not t], 5)
+        passages = [world.passage(o, rng.randrange(3))[1] for o in others]
+        passages.insert(rng.randrange(len(passages) + 1), world.passage(t, 0)[1])
+        task, question, answer = (
+            ("founder", f"Who founded {t['town']}?", t["founder"])
+            if i % 2 == 0
+            else ("year", f"In what year was {t['town']} founded?", t["year"])
+        )
+        rows.append(
+            {
+                "id": f"synthetic-custom-{i:02d}",
+                "task": task,
+                "prompt": "Answer the question from the passages, in a few words.\n\n"
+                "{context}\n\nQuestion: " + question,
+                "context": "\n\n".join(passages),
+                "answers": [answer],
+                "_note": NOTE,
+            }
+        )
+    return rows
+
+
 def write_fixtures(root: str | Path, seed: int = 20261129) -> list[Path]:
     """Write every fixture file below ``root`` (``data/fixtures`` in the repository).
 
@@ -342,4 +371,5 @@ def write_fixtures(root: str | Path, seed: int = 20261129) -> list[Path]:
         put(path, _alce_rows(world, members, dataset, 30))
         prompts = _alce_prompts(world, towns[16:20], dataset)
         put(root / "helmet" / "prompts" / f"{dataset}_revised.json", prompts)
+    put(root / "custom" / "prompts.jsonl", _custom_rows(world, random.Random(seed + 17)), True)
     return written
