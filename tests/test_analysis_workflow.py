@@ -1,4 +1,8 @@
-"""The four analysis rules run by Snakemake on placed synthetic trajectories (no rollouts)."""
+"""The analysis rules run by Snakemake on placed synthetic trajectories (no rollouts): the plan
+and the lock from the development files, then — the evaluation files carrying the lock's hash,
+as the rollout job writes them — document statistics, estimands and prediction; and the
+estimands step stopping when an endpoint changes after the evaluation (README
+"Prespecification")."""
 
 from __future__ import annotations
 
@@ -12,93 +16,173 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
+from workflow_helpers import planned_jobs
 
+from kvdiverge.analysis.prespecification import read_lock
 from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
 from kvdiverge.config import validate_config
 from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata, write_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
-RULES = ["document_stats", "estimands", "prediction", "plan_sample_sizes"]
+RULES = ["plan_sample_sizes", "prespecify", "document_stats", "estimands", "prediction"]
+TARGETS = [
+    "results/study1/tables/estimands.csv",
+    "results/study1/tables/prediction.csv",
+    "results/study1/plan.json",
+    "results/study2/tables/estimands.csv",
+]
 
 
-@pytest.mark.slow
-def test_analysis_rules_on_synthetic_trajectories(tmp_path):
-    config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
-    validate_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
-    shutil.copy(ROOT / "configs" / "tiny.yaml", tmp_path / "config.yaml")
-    shutil.copytree(ROOT / "data" / "fixtures", tmp_path / "data" / "fixtures")
-    H = config["rollout"]["H"]
-    strata = [f"{s['env']}-{s['label']}" for s in config["datasets"]["strata"]]
-    study = config["studies"]["study1"]
-    lambdas = {
-        a: 0.0 if a == study["control"] else 0.1 + 0.2 * i for i, a in enumerate(study["actions"])
-    }
-    for m, model in enumerate(config["models"]):
-        pairs = {s: stratum_pairs(100 * m + i, lambdas) for i, s in enumerate(strata)}
-        files = write_synthetic_study(
-            tmp_path,
-            "study1",
-            model,
-            pairs,
-            {"dev": (3, study["K_dev"]), "study1": (3, study["K"])},
-            H,
-            seed=config["seed"],
-            control=study["control"],
-            control_K=study["K_control"],
-        )
-        for action in study["actions"]:  # the engine's measured seconds (planning's costs)
-            for i, path in enumerate(files[action].values()):
-                frame = read_trajectories(path)
-                paths = frame.select("doc_id", "replicate").unique().height
-                timing = {
-                    "documents": frame["doc_id"].n_unique(),
-                    "paths": paths,
-                    "prefill_seconds": 2.0 + i,
-                    "selection_seconds": 0.5,
-                    "decode_seconds": 0.01 * paths,
-                }
-                write_trajectories(
-                    frame, path, {**read_trajectory_metadata(path), "timing": timing}
-                )
-    targets = [
-        "results/study1/tables/estimands.csv",
-        "results/study1/tables/prediction.csv",
-        "results/study1/plan.json",
-    ]
+def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     snakemake = Path(sys.executable).parent / "snakemake"
-    res = subprocess.run(
+    return subprocess.run(
         [
             str(snakemake),
-            *targets,
+            *args,
             "--snakefile",
             str(ROOT / "Snakefile"),
             "--directory",
-            str(tmp_path),
+            str(work),
             "--cores",
             "1",
             "--workflow-profile",
             "none",
-            "--allowed-rules",
-            *RULES,
         ],
         capture_output=True,
         text=True,
         env=env,
         timeout=600,
     )
+
+
+def _split(path: Path, dev_path: Path, cohort: str) -> None:
+    """Move a synthetic file's development documents to their own file (the development
+    rollout's) and keep the study's evaluation cohort in it, each with the engine's measured
+    seconds."""
+    frame, meta = read_trajectories(path), read_trajectory_metadata(path)
+    parts = {c: frame.filter(pl.col("doc_id").str.contains(f"/{c}/")) for c in ("dev", cohort)}
+    for part, target in ((parts["dev"], dev_path), (parts[cohort], path)):
+        paths = part.select("doc_id", "replicate").unique().height
+        docs = part["doc_id"].n_unique()
+        timing = {
+            "documents": docs,
+            "paths": paths,
+            "prefill_seconds": 2.0 * docs,
+            "selection_seconds": 0.5 * docs,
+            "decode_seconds": 0.01 * paths,
+        }
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_trajectories(part, target, {**meta, "timing": timing, "n_documents": docs})
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    """configs/tiny.yaml's two studies on synthetic trajectories: the plans and locks first,
+    then the analysis of evaluation files rolled out under those locks."""
+    work = tmp_path_factory.mktemp("analysis")
+    config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    validate_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
+    shutil.copy(ROOT / "configs" / "tiny.yaml", work / "config.yaml")
+    shutil.copytree(ROOT / "data" / "fixtures", work / "data" / "fixtures")
+    for model in config["models"]:  # the committed demo models stand in for their rule
+        shutil.copytree(ROOT / "data" / "models" / model, work / "data" / "models" / model)
+    H = config["rollout"]["H"]
+    strata = [f"{s['env']}-{s['label']}" for s in config["datasets"]["strata"]]
+    evaluation = []
+    for name, study in config["studies"].items():
+        lambdas = {
+            a: 0.0 if a == study["control"] else 0.1 + 0.2 * i
+            for i, a in enumerate(study["actions"])
+        }
+        for m, model in enumerate(config["models"]):
+            pairs = {s: stratum_pairs(100 * m + i, lambdas) for i, s in enumerate(strata)}
+            files = write_synthetic_study(
+                work,
+                name,
+                model,
+                pairs,
+                {"dev": (3, study["K_dev"]), **{c: (3, 2) for c in config["studies"]}},
+                H,
+                seed=config["seed"],
+                control=study["control"],
+                control_K=study["K_control"],
+            )
+            for action in study["actions"]:  # the development stage's files
+                for stratum, path in files[action].items():
+                    dev = (
+                        work / f"results/{name}/{model}/dev/trajectories/{action}/{stratum}.parquet"
+                    )
+                    _split(path, dev, name)
+                    evaluation.append((name, path))
+    for dev in (work / "results").glob("*/*/dev/trajectories/*/*.parquet"):
+        os.utime(dev)  # newer than every documents table (rewritten once per study and model)
+    locks = [f"results/{name}/lock.json" for name in config["studies"]]
+    res = _snakemake(work, *locks, "--allowed-rules", *RULES)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    table = pl.read_csv(tmp_path / targets[0])
+    hashes = {
+        name: read_lock(work / f"results/{name}/lock.json")["hash"] for name in config["studies"]
+    }
+    for name, path in evaluation:  # the evaluation stage's files, rolled out under the lock
+        frame, meta = read_trajectories(path), read_trajectory_metadata(path)
+        write_trajectories(frame, path, {**meta, "lock": hashes[name]})
+    res = _snakemake(work, *TARGETS, "--allowed-rules", *RULES)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return work, config, strata
+
+
+@pytest.mark.slow
+def test_analysis_rules_on_synthetic_trajectories(analysed):
+    work, config, strata = analysed
+    study = config["studies"]["study1"]
+    table = pl.read_csv(work / TARGETS[0])
     assert set(table["model"]) == set(config["models"])
     assert {"pooled", *strata} == set(table["stratum"])
     control = table.filter(action=study["control"], estimand="R")
     assert (control["value"] == 0).all()
-    assert (tmp_path / "results/study1/tables/estimands.md").read_text().startswith("| model")
-    prediction = pl.read_csv(tmp_path / targets[1])
+    assert (work / "results/study1/tables/estimands.md").read_text().startswith("| model")
+    prediction = pl.read_csv(work / TARGETS[1])
     assert set(prediction["observation"]) == {"positions_1_32", "fixed_history", "uncalibrated"}
-    plan = json.loads((tmp_path / targets[2]).read_text())
+    plan = json.loads((work / TARGETS[2]).read_text())
     assert len(plan["plans"]) == len(config["models"]) * (len(study["actions"]) - 1)
-    assert all(e["c_doc"] > 0 and e["c_rep"] == pytest.approx(0.01) for e in plan["plans"])
-    for rule in RULES:
-        assert any((tmp_path / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
-        assert any((tmp_path / "logs" / "analysis" / rule).rglob("*.log")), rule
+    # the development files' own seconds: 2.5 s per document, 0.01 s per path
+    assert all(e["c_doc"] == pytest.approx(2.5) for e in plan["plans"])
+    assert all(e["c_rep"] == pytest.approx(0.01) for e in plan["plans"])
+    assert all(e["K_dev"] == study["K_dev"] for e in plan["plans"])
+    for rule in RULES[:-1] + ["prediction"]:
+        assert any((work / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
+        assert any((work / "logs" / "analysis" / rule).rglob("*.log")), rule
+
+
+@pytest.mark.slow
+def test_an_endpoint_changed_after_the_evaluation_stops_the_estimands(analysed, tmp_path):
+    """Study 2's family changed after the evaluation rollouts, and only the analysis rerun: the
+    estimands step refuses in one line naming the change. The deliberate way, a full run,
+    re-locks and reruns the evaluation stage (rollouts, statistics, estimands) and nothing of
+    the development stage."""
+    work, config, _ = analysed
+    path = tmp_path / "changed.yaml"
+    path.write_text(yaml.safe_dump({"analysis": {"family_estimands": ["S_99"]}}))
+    target = "results/study2/tables/estimands.csv"
+    changed = ("--configfile", str(path))  # merged into the copy's config.yaml
+    res = _snakemake(work, target, "--allowed-rules", "estimands", *changed)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0
+    lines = [line for line in text.splitlines() if line.startswith("estimands: ")]
+    assert len(lines) == 1, text[-3000:]
+    assert lines[0].startswith(
+        "estimands: PrespecificationError: results/study2/lock.json: the config no longer "
+        'matches the lock (endpoints.estimands: locked ["S_99", "branch_contrast_B"], now '
+        '["S_99"]); rerun the workflow to re-lock'
+    ), lines[0]
+    # the study's own stages (documents and models are placed here, their rules left out)
+    stages = ["dev_rollout_study2", "plan_sample_sizes", "prespecify", "rollout_study2"]
+    stages += ["document_stats", "estimands"]
+    dry = _snakemake(work, "-n", target, "--allowed-rules", *stages, *changed)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert planned_jobs(dry) == {
+        "prespecify": 1,
+        "rollout_study2": len(config["models"]) * len(config["datasets"]["strata"]),
+        "document_stats": len(config["models"]),
+        "estimands": 1,
+    }

@@ -91,8 +91,8 @@ def _stratum(label: str, target: int):
 CONFIG_CASES = {
     # kinds and ranges (strict: no coercion)
     "integer written as float": (
-        _set("studies.study1.K", 4.0),
-        "config.studies.study1.K: expected integer, got 4.0",
+        _set("studies.study1.K_dev", 4.0),
+        "config.studies.study1.K_dev: expected integer, got 4.0",
     ),
     "boolean for an integer": (
         _set("rollout.H", True),
@@ -219,10 +219,10 @@ CONFIG_CASES = {
         _set("analysis.prediction.pairs.study9", ["snapkv-512", "snapkv-half"]),
         "config.analysis.prediction.pairs: no study named 'study9'",
     ),
-    "prediction with one development document": (
+    "one development document per stratum": (  # the plan needs two (so does prediction)
         lambda c: (_stratum("1024", 1024)(c), _set("datasets.cohorts.dev", 1)(c)),
-        "config.datasets.cohorts.dev: prediction (config.analysis.prediction.pairs.study1) "
-        "cross-validates on at least 2 development documents, got 1",
+        "config.datasets.cohorts.dev: 1 document per stratum, but study 'study1' plans its "
+        "evaluation from the variance between development documents within a stratum",
     ),
     "figure contrast that is no contrast": (
         _set("figures.main_contrast.study1", ["snapkv-half", "snapkv-512"]),
@@ -885,8 +885,8 @@ DRY_RUN_CASES = {
         "key once",
     ),
     "integer written as float": (
-        {"studies": {"study1": {"K": 4.0}}},
-        "config.studies.study1.K: expected integer, got 4.0",
+        {"studies": {"study1": {"K_dev": 4.0}}},
+        "config.studies.study1.K_dev: expected integer, got 4.0",
     ),
     "study whose cohort does not exist": (
         {"studies": {"study3": {"actions": ["snapkv-half", "full"]}}},
@@ -908,8 +908,11 @@ DRY_RUN_CASES = {
         "config.datasets.cohorts.study2: 0 documents per stratum, but study 'study2' evaluates "
         "on cohort 'study2'; expected an integer >= 1",
     ),
-    "missing local model folder": (
-        {"models": {"extra": {"path": "/nonexistent/models/extra"}}},
+    "missing local model folder": (  # a third model: study 2's family grows to 12
+        {
+            "models": {"extra": {"path": "/nonexistent/models/extra"}},
+            "studies": {"study2": {"family_endpoints": 12}},
+        },
         "config.models.extra.path: /nonexistent/models/extra does not exist (expected a model "
         "folder holding config.json, or a hub id 'org/name')",
     ),

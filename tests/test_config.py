@@ -46,8 +46,8 @@ def test_empty_config_gets_defaults():
         (lambda c: c.__setitem__("seed", -1), "config.seed", "expected a value >= 0"),
         (lambda c: c.__setitem__("seed", "x"), "config.seed", "expected integer"),
         (
-            lambda c: c.__setitem__("studies", {"s": {"actions": ["full"], "K": 0}}),
-            "config.studies.s.K",
+            lambda c: c.__setitem__("studies", {"s": {"actions": ["full"], "K_dev": 0}}),
+            "config.studies.s.K_dev",
             "expected a value >= 1",
         ),
         (

@@ -38,11 +38,13 @@ def _expected_jobs() -> dict[str, int]:
     assert len(PAPER["datasets"]["strata"]) == strata and len(PAPER["models"]) == models
     return {
         "materialize_documents": strata,
+        **{f"dev_rollout_{study}": models * strata for study in studies},
         **{f"rollout_{study}": models * strata for study in studies},
         "document_stats": len(studies) * models,
         "estimands": len(studies),
         "prediction": 1,
         "plan_sample_sizes": len(studies),
+        "prespecify": len(studies),
         "study_figures": len(studies),
         "study_branch_figure": 1,
         "study_tables": len(studies),
@@ -83,8 +85,9 @@ def test_slurm_profile_dry_run_resolves_gpu_resources(tmp_path):
     assert res.returncode == 0, text[-3000:]
     assert planned_jobs(res) == _expected_jobs()
     blocks = re.split(r"\n(?=rule |localrule )", text)
-    rollouts = [b for b in blocks if b.startswith("rule rollout_")]
-    assert len(rollouts) == sum(v for k, v in _expected_jobs().items() if k.startswith("rollout"))
+    rollouts = [b for b in blocks if b.startswith(("rule rollout_", "rule dev_rollout_"))]
+    expected = _expected_jobs()
+    assert len(rollouts) == sum(v for k, v in expected.items() if "rollout_" in k)
     profile = yaml.safe_load((ROOT / "profiles/slurm/config.v8+.yaml").read_text())
     for block in rollouts:
         rule = re.match(r"rule (\S+):", block).group(1)

@@ -1,7 +1,9 @@
-"""End to end: rules build_demo_model and rollout_<study> (README)."""
+"""End to end: rules build_demo_model, dev_rollout_<study> and rollout_<study>, with the plan
+and the lock between them (README "Prespecification")."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,18 +13,26 @@ import pytest
 import yaml
 from workflow_helpers import ROOT, run_snakemake, workflow_copy
 
+from kvdiverge.analysis.prespecification import read_lock
 from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
 
 FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
 SMALL = {
     "rollout": {"H": 10},
+    # the fixture's stratum alone: each study's plan reads every stratum's development files
+    "datasets": {
+        "strata": [{"env": "ruler", "label": "1024", "target_tokens": 1024}],
+        "cohorts": {"dev": 2, "study1": 3, "study2": 2},
+    },
     # study 1 without snapkv-512 here: its contrasts and prediction pair follow
     "analysis": {
         "contrasts": {"study1": [["recent-half", "snapkv-half"]], "study2": []},
         "prediction": {"pairs": {"study1": ["recent-half", "snapkv-half"]}},
+        "planning": {"max_K": 3},
     },
     "studies": {
-        "study1": {"actions": ["snapkv-half", "recent-half", "full"], "K": 3, "K_dev": 2},
+        # study 1 takes K from its plan, study 2 pins it
+        "study1": {"actions": ["snapkv-half", "recent-half", "full"], "K": "plan", "K_dev": 2},
         "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 1, "K_control": 1},
     },
 }
@@ -42,6 +52,9 @@ def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
+    """Each study's development jobs, then its plan and lock, then its evaluation jobs: one job
+    per (study, model, stratum) and stage writes every action's file; the evaluation files carry
+    the lock's K (the plan's for study 1, the pinned one for study 2) and its hash."""
     work = _workdir(tmp_path)
     override = tmp_path / "small.yaml"
     override.write_text(yaml.safe_dump(SMALL))
@@ -57,6 +70,10 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
         *paths.values(),
         "--allowed-rules",
         "build_demo_model",
+        "dev_rollout_study1",
+        "dev_rollout_study2",
+        "plan_sample_sizes",
+        "prespecify",
         "rollout_study1",
         "rollout_study2",
         "--configfile",
@@ -71,6 +88,12 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
         assert "doc" in log.read_text()  # tqdm progress per document
         assert (work / f"results/benchmarks/rollout/{study}/{model}/ruler-1024.tsv").exists()
     assert len(list((work / "logs" / "rollout").rglob("*.log"))) == len(jobs)
+    # each study's plan needs the development files of every model
+    assert len(list((work / "logs" / "dev_rollout").rglob("*.log"))) == 4
+    locks = {study: read_lock(work / f"results/{study}/lock.json") for study in SMALL["studies"]}
+    plan1 = json.loads((work / "results/study1/plan.json").read_text())
+    assert plan1["K_source"] == "plan" and 1 <= plan1["K"] <= 3
+    assert locks["study1"]["design"]["K"] == plan1["K"] and locks["study2"]["design"]["K"] == 2
 
     frames = {t: read_trajectories(work / p) for t, p in paths.items()}
     docs = pl.read_parquet(FIXTURE)
@@ -80,18 +103,21 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
         assert meta["coupling"] == "shared-reference" and meta["device"] == "cpu"
         assert meta["model"]["name"] == model and meta["dtype"] == "float32"
         spec = SMALL["studies"][study]
-        if action == "full":
-            expected = {"dev": spec.get("K_control", 2), study: spec.get("K_control", 2)}
-        else:
-            expected = {"dev": spec["K_dev"], study: spec["K"]}
-        assert meta["K"] == expected
+        control_K = spec.get("K_control", 2)
+        K = control_K if action == "full" else locks[study]["design"]["K"]
+        assert meta["K"] == {study: K} and meta["lock"] == locks[study]["hash"]
         per_doc = frame.group_by("doc_id").agg(pl.col("replicate").n_unique().alias("K"))
-        wanted = docs.filter(pl.col("cohort").is_in(list(expected)))
+        wanted = docs.filter(pl.col("cohort") == study)
         assert sorted(per_doc["doc_id"]) == sorted(wanted["doc_id"])
-        assert meta["n_documents"] == wanted.height
-        for doc_id, cohort in zip(wanted["doc_id"], wanted["cohort"], strict=True):
-            assert per_doc.filter(pl.col("doc_id") == doc_id)["K"].item() == expected[cohort]
+        assert meta["n_documents"] == wanted.height and (per_doc["K"] == K).all()
         assert frame.height == per_doc["K"].sum() * 10
+        dev_path = work / paths[(study, model, action)].replace(
+            "/trajectories/", "/dev/trajectories/"
+        )
+        dev_meta = read_trajectory_metadata(dev_path)
+        assert dev_meta["K"] == {"dev": control_K if action == "full" else spec["K_dev"]}
+        assert "lock" not in dev_meta
+        assert dev_path.stat().st_mtime <= (work / f"results/{study}/lock.json").stat().st_mtime
         assert (frame.filter(pl.col("t") == 1)["tv_rollout"] == 0).all()  # δ_1 = 0
         assert (frame["n_kept"] <= frame["n_prompt"]).all()
         if action == "full":  # its own rows over the gathered full cache: rounding only

@@ -13,8 +13,9 @@ parse time (``workflow/rules/common.smk``) and raises :class:`ConfigError` with 
   studies' cohorts and controls, contrasts, prediction pairs, figure contrasts, family
   estimands, the length tokenizer) and every combination that would fail later (the analysis
   clock against ``rollout.H``, the generation reserve against H, the actions' budgets against
-  the strata's prompt lengths, the development documents prediction and planning need, the
-  finite-state study's EOS token and figure systems);
+  the strata's prompt lengths, the development documents and replicates prediction and
+  planning need, a family size of at least the family's endpoints, the finite-state study's
+  EOS token and figure systems);
 * :func:`check_config`: all of the above, in that order.
 """
 
@@ -186,7 +187,19 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"unknown key(s) {', '.join(map(repr, extra))}"
     if v in ("minItems", "maxItems", "minLength", "pattern", "uniqueItems"):
         return f"{error.message}"
+    if v == "anyOf":
+        return f"expected {' or '.join(_kind(option) for option in s)}, got {got}"
     return error.message
+
+
+def _kind(schema: Mapping[str, Any]) -> str:
+    """A value kind of a schema, in words (e.g. ``an integer >= 1``, ``'plan'``)."""
+    if "const" in schema:
+        return repr(schema["const"])
+    kind = {"integer": "an integer", "number": "a number", "string": "a string"}.get(
+        schema.get("type"), str(schema.get("type", "a value"))
+    )
+    return f"{kind} >= {schema['minimum']}" if "minimum" in schema else kind
 
 
 def validate_config(config: dict[str, Any], schema: Mapping[str, Any] | str | os.PathLike) -> None:
@@ -324,10 +337,31 @@ def _check_studies(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
                 f"config.datasets.cohorts.{cohort}: 0 documents per stratum, but study "
                 f"{study!r} evaluates on cohort {cohort!r}; expected an integer >= 1"
             )
-        if cohorts.get("dev", 0) < 1:
+        n_dev = cohorts.get("dev", 0)
+        if n_dev < 2:
             raise ConfigError(
-                f"config.datasets.cohorts.dev: 0 documents per stratum, but study {study!r} "
-                "plans its sample sizes from development documents; expected an integer >= 1"
+                f"config.datasets.cohorts.dev: {n_dev} document{'s' if n_dev != 1 else ''} per "
+                f"stratum, but study {study!r} plans its evaluation from the variance between "
+                "development documents within a stratum; expected an integer >= 2"
+            )
+        if spec.get("K", "plan") == "plan" and spec.get("K_dev", 32) < 2:
+            raise ConfigError(
+                f"{where}.K_dev: {spec['K_dev']} replicate per development document measures no "
+                f"within-document variance, which {where}.K: plan needs; expected an integer "
+                ">= 2 (or pin K)"
+            )
+        family = spec.get("family_endpoints", 1)
+        endpoints = (
+            len(config.get("models", {}))
+            * len([a for a in spec["actions"] if a != control])
+            * len(config.get("analysis", {}).get("family_estimands", []))
+        )
+        if family > 1 and family < endpoints:
+            raise ConfigError(
+                f"{where}.family_endpoints: {family}, but the study's family has {endpoints} "
+                "endpoints (analysis.family_estimands x non-control actions x models), so "
+                f"1 - alpha/{family} would not hold for the family; expected an integer >= "
+                f"{endpoints}"
             )
 
 

@@ -1,20 +1,18 @@
-# Section 5 analysis (docs/method.md, "Estimands" to "Sample-size planning"; README "Analysis"):
-# per-document statistics, paired stratified bootstrap estimands, aggregate prediction and
-# sample-size planning.
+# Section 5 analysis (docs/method.md, "Estimands" to "Sample-size planning"; README "Analysis"
+# and "Prespecification"): the sample-size plan and the lock from the development rollouts
+# (before any evaluation rollout), per-document statistics, paired stratified bootstrap
+# estimands and aggregate prediction.
 
 
 rule document_stats:
     input:
-        trajectories=lambda w: expand(
-            "results/{study}/{model}/trajectories/{action}/{stratum}.parquet",
-            study=w.study,
-            model=w.model,
-            action=config["studies"][w.study]["actions"],
-            stratum=[s.name for s in DATASETS.strata],
-        ),
-        documents=expand(
-            "data/documents/{stratum}.parquet", stratum=[s.name for s in DATASETS.strata]
-        ),
+        trajectories=lambda w: [
+            f
+            for stage in ("dev", "evaluation")
+            for files in study_trajectory_files(w.study, [w.model], stage).values()
+            for f in files
+        ],
+        documents=expand("data/documents/{stratum}.parquet", stratum=study_strata()),
     output:
         "results/{study}/{model}/document_stats.parquet",
     log:
@@ -28,11 +26,11 @@ rule document_stats:
         "../../envs/analysis.yaml"
     params:
         files=lambda w: {
-            action: [
-                f"results/{w.study}/{w.model}/trajectories/{action}/{s.name}.parquet"
-                for s in DATASETS.strata
-            ]
-            for action in config["studies"][w.study]["actions"]
+            action: dev + evaluation
+            for (action, dev), evaluation in zip(
+                study_trajectory_files(w.study, [w.model], "dev").items(),
+                study_trajectory_files(w.study, [w.model], "evaluation").values(),
+            )
         },
         control=lambda w: config["studies"][w.study]["control"],
         clock=config["analysis"]["clock"],
@@ -46,6 +44,12 @@ rule estimands:
         stats=lambda w: expand(
             "results/{study}/{model}/document_stats.parquet", study=w.study, model=config["models"]
         ),
+        lock="results/{study}/lock.json",
+        trajectories=lambda w: [
+            f
+            for files in study_trajectory_files(w.study, config["models"], "evaluation").values()
+            for f in files
+        ],
     output:
         csv=report(
             "results/{study}/tables/estimands.csv",
@@ -67,12 +71,13 @@ rule estimands:
         models=list(config["models"]),
         study=lambda w: config["studies"][w.study],
         cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
-        strata=[s.name for s in DATASETS.strata],
+        strata=study_strata(),
         contrasts=lambda w: config["analysis"]["contrasts"].get(w.study),
         level=config["analysis"]["level"],
         alpha=config["analysis"]["alpha"],
         family_estimands=config["analysis"]["family_estimands"],
         seed=config["seed"],
+        prespecified=prespecified_study,
         code=script_code("estimands.py"),
     script:
         "../scripts/estimands.py"
@@ -114,16 +119,11 @@ rule prediction:
 
 rule plan_sample_sizes:
     input:
-        stats=lambda w: expand(
-            "results/{study}/{model}/document_stats.parquet", study=w.study, model=config["models"]
-        ),
-        trajectories=lambda w: expand(
-            "results/{study}/{model}/trajectories/{action}/{stratum}.parquet",
-            study=w.study,
-            model=config["models"],
-            action=config["studies"][w.study]["actions"],
-            stratum=[s.name for s in DATASETS.strata],
-        ),
+        development=lambda w: [
+            f
+            for files in study_trajectory_files(w.study, config["models"], "dev").values()
+            for f in files
+        ],
     output:
         "results/{study}/plan.json",
     log:
@@ -136,9 +136,35 @@ rule plan_sample_sizes:
         "../../envs/analysis.yaml"
     params:
         models=list(config["models"]),
-        study=lambda w: config["studies"][w.study],
-        strata=[s.name for s in DATASETS.strata],
+        actions=lambda w: config["studies"][w.study]["actions"],
+        control=lambda w: config["studies"][w.study]["control"],
+        strata=study_strata(),
+        cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
+        documents_per_stratum=lambda w: config["datasets"]["cohorts"][
+            config["studies"][w.study].get("cohort", w.study)
+        ],
+        pinned_K=pinned_K,
         planning=config["analysis"]["planning"],
         code=script_code("plan_sample_sizes.py"),
     script:
         "../scripts/plan_sample_sizes.py"
+
+
+rule prespecify:
+    input:
+        plan="results/{study}/plan.json",
+    output:
+        "results/{study}/lock.json",
+    log:
+        "logs/analysis/prespecify/{study}.log",
+    benchmark:
+        "results/benchmarks/prespecify/{study}.tsv"
+    wildcard_constraints:
+        study="|".join(config["studies"]) or "no-study",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        prespecified=prespecified_study,
+        code=script_code("prespecify.py"),
+    script:
+        "../scripts/prespecify.py"

@@ -30,14 +30,19 @@ def finite_state_study_settings():
 
 def final_outputs():
     """Every file `rule all` builds — the finite-state study, figure 1, and for every study its
-    estimands, prediction, sample-size plan, figures and tables (through every upstream job)."""
+    estimands, prediction, sample-size plan and lock, figures and tables (through every
+    upstream job)."""
     out = [
         "results/finite_state/systems.csv",
         "results/finite_state/figures/estimators.png",
         "results/finite_state/figures/identified_interval.png",
     ]
     for study in config["studies"]:
-        out += [f"results/{study}/tables/estimands.csv", f"results/{study}/plan.json"]
+        out += [
+            f"results/{study}/tables/estimands.csv",
+            f"results/{study}/plan.json",
+            f"results/{study}/lock.json",
+        ]
         if config["analysis"]["prediction"]["pairs"].get(study):
             out.append(f"results/{study}/tables/prediction.csv")
         out += [  # rule accuracy (workflow/rules/accuracy.smk) writes them together
@@ -162,19 +167,59 @@ def rollout_actions(study):
     return {name: ROLLOUT_ACTIONS[name].as_dict() for name in config["studies"][study]["actions"]}
 
 
-def rollout_cohorts(study):
-    """Replicates per cohort of each action of the study: dev → K_dev, the study's cohort → K;
-    the control uses K_control for both."""
-    spec = config["studies"][study]
-    cohort = spec.get("cohort", study)
+def dev_rollout_trajectories(study):
+    """The study's development trajectory files by action, with {model} and {stratum} left as
+    wildcards: the outputs of dev_rollout_<study>."""
     return {
-        name: (
-            {"dev": spec["K_control"], cohort: spec["K_control"]}
-            if name == spec["control"]
-            else {"dev": spec["K_dev"], cohort: spec["K"]}
-        )
+        action: f"results/{study}/{{model}}/dev/trajectories/{action}/{{stratum}}.parquet"
+        for action in config["studies"][study]["actions"]
+    }
+
+
+def dev_rollout_cohorts(study):
+    """Replicates of the development cohort per action of the study: K_dev, the control
+    K_control. (The evaluation's come from the study's lock, read by the job.)"""
+    spec = config["studies"][study]
+    return {
+        name: {"dev": spec["K_control"] if name == spec["control"] else spec["K_dev"]}
         for name in spec["actions"]
     }
+
+
+# ---- Plan, lock and analysis (README "Prespecification", "Analysis") -------------------------
+from kvdiverge.analysis.prespecification import prespecified
+
+
+def study_strata():
+    """Every stratum's name, in the config's order."""
+    return [s.name for s in DATASETS.strata]
+
+
+def study_trajectory_files(study, models, stage):
+    """The trajectory files of a study's models by action, every stratum: the development
+    stage's (dev_rollout_<study>) or the evaluation's (rollout_<study>)."""
+    folder = "dev/trajectories" if stage == "dev" else "trajectories"
+    return {
+        action: [
+            f"results/{study}/{model}/{folder}/{action}/{stratum}.parquet"
+            for model in models
+            for stratum in study_strata()
+        ]
+        for action in config["studies"][study]["actions"]
+    }
+
+
+def prespecified_study(wildcards):
+    """What the config fixes for the study before its evaluation rollouts, plan aside
+    (kvdiverge.analysis.prespecification.prespecified): the lock's content."""
+    study = wildcards.study
+    return prespecified(config, study, study_strata(), rollout_actions(study))
+
+
+def pinned_K(wildcards):
+    """The study's K when the config pins one, else None (K: plan)."""
+    K = config["studies"][wildcards.study]["K"]
+    return None if K == "plan" else K
 
 
 # ---- Figures and tables (README "Figures and tables"): per-study settings ---------------------

@@ -1,24 +1,28 @@
-# Coupled rollouts (docs/architecture.md, "Coupled decoding" and "Rollout jobs"): one rule per
-# study, rollout_<study>, and one job per (model, stratum) that loads the model once, prefills
-# each document once and writes the trajectory file of every action of the study.
+# Coupled rollouts (docs/architecture.md, "Coupled decoding" and "Rollout jobs"), in two stages
+# per study (README "Prespecification"): dev_rollout_<study> runs the development cohort, from
+# which plan_sample_sizes and prespecify (workflow/rules/analysis.smk) write the study's plan and
+# lock; rollout_<study> then runs the evaluation cohort with the lock's replicates. Each job, one
+# per (model, stratum), loads the model once, prefills each document once and writes the
+# trajectory file of every action of the study.
 
 
 for study in config["studies"]:
 
     rule:
         name:
-            f"rollout_{study}"
+            f"dev_rollout_{study}"
         input:
             documents="data/documents/{stratum}.parquet",
             model=rollout_model_input,
         output:
-            **rollout_trajectories(study),
+            **dev_rollout_trajectories(study),
         log:
-            f"logs/rollout/{study}/{{model}}/{{stratum}}.log",
+            f"logs/dev_rollout/{study}/{{model}}/{{stratum}}.log",
         benchmark:
-            f"results/benchmarks/rollout/{study}/{{model}}/{{stratum}}.tsv"
+            f"results/benchmarks/dev_rollout/{study}/{{model}}/{{stratum}}.tsv"
         wildcard_constraints:
             model="|".join(config["models"]) or "no-model",
+            stratum="[^/]+",
         conda:
             "../../envs/rollout.yaml"
         threads: 1
@@ -29,7 +33,42 @@ for study in config["studies"]:
         params:
             model=rollout_model,
             actions=rollout_actions(study),
-            cohorts=rollout_cohorts(study),
+            cohorts=dev_rollout_cohorts(study),
+            H=config["rollout"]["H"],
+            seed=config["seed"],
+            coupling=config["rollout"]["coupling"],
+            max_batch_rows=config["rollout"]["max_batch_rows"],
+            device=config["rollout"]["device"],
+            code=script_code("dev_rollout.py"),
+        script:
+            "../scripts/dev_rollout.py"
+
+    rule:
+        name:
+            f"rollout_{study}"
+        input:
+            documents="data/documents/{stratum}.parquet",
+            model=rollout_model_input,
+            lock=f"results/{study}/lock.json",
+        output:
+            **rollout_trajectories(study),
+        log:
+            f"logs/rollout/{study}/{{model}}/{{stratum}}.log",
+        benchmark:
+            f"results/benchmarks/rollout/{study}/{{model}}/{{stratum}}.tsv"
+        wildcard_constraints:
+            model="|".join(config["models"]) or "no-model",
+            stratum="[^/]+",
+        conda:
+            "../../envs/rollout.yaml"
+        threads: 1
+        resources:
+            gpu=rollout_gpus(),
+            mem_mb=16000,
+            runtime=240,
+        params:
+            model=rollout_model,
+            actions=rollout_actions(study),
             H=config["rollout"]["H"],
             seed=config["seed"],
             coupling=config["rollout"]["coupling"],

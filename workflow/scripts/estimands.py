@@ -13,9 +13,18 @@ from kvdiverge.analysis.estimands import (  # noqa: E402
     study_seed,
     write_estimands,
 )
+from kvdiverge.analysis.prespecification import check_lock  # noqa: E402
+from kvdiverge.trajectories import read_trajectory_metadata  # noqa: E402
 
 p = snakemake.params
 study = p.study
+# Before any work: the config still implies the lock, and the evaluation ran under it.
+lock = check_lock(
+    snakemake.input.lock,
+    p.prespecified,
+    {path: read_trajectory_metadata(path) for path in snakemake.input.trajectories},
+)
+log.info("lock %s holds for %d evaluation files", lock["hash"], len(snakemake.input.trajectories))
 contrasts = [tuple(c) for c in p.contrasts] if p.contrasts else None
 tables = []
 for model, path in zip(p.models, snakemake.input.stats, strict=True):

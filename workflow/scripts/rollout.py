@@ -1,5 +1,7 @@
-"""Rule rollout_<study>: coupled rollouts of a stratum's documents under every action of the
-study, one trajectory file per action (docs/architecture.md, "Rollout jobs")."""
+"""Rule rollout_<study>: the evaluation cohort's coupled rollouts of a stratum under every action
+of the study, one trajectory file per action (docs/architecture.md, "Rollout jobs"). The
+replicates come from the study's lock, written before any evaluation rollout, and every file
+carries the lock's hash (README "Prespecification")."""
 
 import sys
 
@@ -10,8 +12,12 @@ log = job_log(snakemake)
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from kvdiverge.analysis.prespecification import evaluation_cohorts, read_lock  # noqa: E402
 from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job  # noqa: E402
 
+lock = read_lock(snakemake.input.lock)
+cohorts = evaluation_cohorts(lock)
+log.info("lock %s: K = %d (%s)", lock["hash"], lock["design"]["K"], lock["design"]["K_setting"])
 transformers.utils.logging.disable_progress_bar()  # weight-loading bars; tqdm per document stays
 torch.set_num_threads(snakemake.threads)
 params = snakemake.params
@@ -20,7 +26,7 @@ run_stratum_rollout_job(
     out_paths=dict(snakemake.output.items()),
     model=params.model,
     actions=params.actions,
-    cohorts=params.cohorts,
+    cohorts=cohorts,
     settings=RolloutSettings(
         H=params.H,
         seed=params.seed,
@@ -30,4 +36,5 @@ run_stratum_rollout_job(
     device=params.device,
     log_file=sys.stderr,
     resume_key=params.code,
+    metadata={"lock": lock["hash"]},
 )

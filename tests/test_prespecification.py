@@ -1,0 +1,231 @@
+"""The development stage comes first and the endpoints are locked (README "Prespecification"):
+the lock's content and hash, its refusals, and the order of the jobs in a fresh default. The
+plan's K in real evaluation trajectories is tested with the rollout rules
+(tests/test_workflow_rollout.py), the estimands step stopping when an endpoint changes after
+the evaluation with the analysis rules (tests/test_analysis_workflow.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow_helpers import ROOT, run_snakemake, workflow_copy
+
+from kvdiverge.analysis.prespecification import (
+    PrespecificationError,
+    check_lock,
+    evaluation_cohorts,
+    first_difference,
+    make_lock,
+    prespecified,
+    read_lock,
+    write_lock,
+)
+from kvdiverge.config import validate_config
+from kvdiverge.eviction import parse_action
+
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+PLAN = {"study": "study2", "K": 5, "K_planned": 5, "K_source": "plan", "notes": [], "plans": []}
+
+
+def _config(path: Path = ROOT / "config.yaml") -> dict:
+    config = yaml.safe_load(path.read_text())
+    validate_config(config, SCHEMA)  # fills the defaults
+    return config
+
+
+def _spec(config: dict, study: str = "study2") -> dict:
+    actions = {
+        name: parse_action(spec, name=name).as_dict() for name, spec in config["actions"].items()
+    }
+    strata = [f"{s['env']}-{s['label']}" for s in config["datasets"]["strata"]]
+    return prespecified(config, study, strata, actions)
+
+
+# ---- the lock itself ---------------------------------------------------------------------------
+def test_the_lock_records_the_family_its_settings_and_the_plan():
+    config = _config()
+    lock = make_lock(_spec(config), PLAN)
+    design, endpoints = lock["design"], lock["endpoints"]
+    assert design["K_setting"] == "plan" and design["K"] == PLAN["K_planned"]
+    assert design["cohort"] == "study2" and design["documents_per_stratum"] == 2
+    assert design["actions"]["snapkv-90"]["budget"] == 0.9 and design["K_control"] == 2
+    # study 2's family: S_.99 and B(a) for every model and non-control action, at 1 − α/m
+    assert endpoints["estimands"] == ["S_99", "branch_contrast_B"]
+    assert endpoints["family"] == [
+        {"model": "smollm2", "action": a, "estimand": e}
+        for a in ("snapkv-90", "recent-90")
+        for e in ("S_99", "branch_contrast_B")
+    ]
+    assert endpoints["family_size"] == 8 and endpoints["level"] == pytest.approx(1 - 0.05 / 8)
+    assert endpoints["clock"] == config["analysis"]["clock"]
+    assert lock["plan"] == PLAN and re.fullmatch(r"[0-9a-f]{16}", lock["hash"])
+    # an exploratory study locks its design and plan, no endpoints
+    assert make_lock(_spec(config, "study1"), PLAN)["endpoints"] is None
+    # a pinned K wins over the plan's
+    config["studies"]["study2"]["K"] = 7
+    assert make_lock(_spec(config), PLAN)["design"]["K"] == 7
+    assert evaluation_cohorts(make_lock(_spec(config), PLAN)) == {
+        "snapkv-90": {"study2": 7},
+        "recent-90": {"study2": 7},
+        "full": {"study2": 2},
+    }
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda c: c["analysis"].update(family_estimands=["S_99"]),
+        lambda c: c["analysis"]["clock"].update(saturation=0.95),
+        lambda c: c["analysis"].update(alpha=0.1),
+        lambda c: c["studies"]["study2"].update(family_endpoints=9),
+        lambda c: c["studies"]["study2"].update(bootstrap_draws=100),
+        lambda c: c["studies"]["study2"].update(K=4),
+        lambda c: c["actions"]["recent-90"].update(budget=0.8),
+    ],
+)
+def test_every_prespecified_setting_changes_the_hash(edit):
+    config = _config()
+    before = make_lock(_spec(config), PLAN)["hash"]
+    edit(config)
+    assert make_lock(_spec(config), PLAN)["hash"] != before
+    assert make_lock(_spec(config), {**PLAN, "K_planned": 6})["hash"] != before
+
+
+def test_settings_outside_the_lock_leave_it_alone():
+    """The pointwise level, the contrasts, prediction and figures are not endpoints."""
+    config = _config()
+    before = make_lock(_spec(config), PLAN)["hash"]
+    config["analysis"]["level"] = 0.9
+    config["analysis"]["contrasts"]["study2"] = []
+    config["figures"]["main_contrast"] = {"study2": ["recent-90", "snapkv-90"]}
+    assert make_lock(_spec(config), PLAN)["hash"] == before
+
+
+def test_a_lock_reads_back_and_refuses_a_hand_edit(tmp_path):
+    lock = make_lock(_spec(_config()), PLAN)
+    write_lock(lock, tmp_path / "lock.json")
+    assert read_lock(tmp_path / "lock.json") == lock
+    edited = json.loads((tmp_path / "lock.json").read_text())
+    edited["design"]["K"] = 1
+    (tmp_path / "lock.json").write_text(json.dumps(edited))
+    with pytest.raises(PrespecificationError, match=r"does not match its hash .* \(edited by hand"):
+        read_lock(tmp_path / "lock.json")
+    (tmp_path / "lock.json").write_text("{")
+    with pytest.raises(PrespecificationError, match=r"lock\.json: not a readable lock"):
+        read_lock(tmp_path / "lock.json")
+    (tmp_path / "lock.json").write_text(json.dumps({"study": "x"}))
+    with pytest.raises(PrespecificationError, match="lock lacks field"):
+        read_lock(tmp_path / "lock.json")
+
+
+def test_check_lock_names_the_changed_field_or_the_file(tmp_path):
+    config = _config()
+    lock = make_lock(_spec(config), PLAN)
+    path = tmp_path / "lock.json"
+    write_lock(lock, path)
+    files = {"a.parquet": {"lock": lock["hash"]}, "b.parquet": {"lock": lock["hash"]}}
+    assert check_lock(path, _spec(config), files) == lock
+    config["analysis"]["family_estimands"] = ["S_99"]
+    with pytest.raises(PrespecificationError) as info:
+        check_lock(path, _spec(config), files)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f'{path}: the config no longer matches the lock (endpoints.estimands: locked ["S_99", '
+        '"branch_contrast_B"], now ["S_99"]); rerun the workflow to re-lock'
+    )
+    stale = {**files, "b.parquet": {"lock": "0123456789abcdef"}}
+    with pytest.raises(PrespecificationError, match=r"^b\.parquet: rolled out under lock 0123"):
+        check_lock(path, _spec(_config()), stale)
+    with pytest.raises(PrespecificationError, match=r"^a\.parquet: rolled out under no lock"):
+        check_lock(path, _spec(_config()), {"a.parquet": {}})
+
+
+def test_first_difference_walks_mappings_and_lists():
+    assert first_difference({"a": [1, {"b": 2}]}, {"a": [1, {"b": 3}]}) == ("a[1].b", 2, 3)
+    assert first_difference({"a": [1]}, {"a": [1, 2]}) == ("a", [1], [1, 2])
+    assert first_difference({"a": 1}, {"a": 1, "z": 2}) == ("z", None, 2)
+    assert first_difference({"a": 1}, {"a": 1}) is None
+
+
+# ---- the workflow's order -----------------------------------------------------------------------
+def _dot_graph(text: str) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """Node labels and each node's direct parents from ``snakemake --dag`` output."""
+    labels = dict(re.findall(r'^\s*(\d+)\[label = "([^"]*)"', text, flags=re.M))
+    parents: dict[str, set[str]] = {node: set() for node in labels}
+    for src, dst in re.findall(r"^\s*(\d+) -> (\d+)", text, flags=re.M):
+        parents[dst].add(src)
+    return labels, parents
+
+
+def _ancestors(node: str, parents: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [node]
+    while todo:
+        for parent in parents[todo.pop()] - seen:
+            seen.add(parent)
+            todo.append(parent)
+    return seen
+
+
+@pytest.mark.slow
+def test_a_fresh_default_plans_and_locks_before_every_evaluation_rollout(tmp_path):
+    """`snakemake --dag` (a dry run) of a fresh default: each study's plan reads only its
+    development rollouts, its lock follows the plan, and every evaluation rollout of the study
+    waits for the lock."""
+    work = workflow_copy(tmp_path, config="default")
+    res = run_snakemake(work, "--dag")
+    assert res.returncode == 0, res.stderr[-3000:]
+    labels, parents = _dot_graph(res.stdout)
+    rule = {node: label.split("\\n")[0] for node, label in labels.items()}
+    config = _config()
+    jobs = len(config["models"]) * len(config["datasets"]["strata"])
+    for study in config["studies"]:
+        (plan,) = [n for n, lb in labels.items() if lb == f"plan_sample_sizes\\nstudy: {study}"]
+        assert sorted(rule[p] for p in parents[plan]) == [f"dev_rollout_{study}"] * jobs
+        assert not any(rule[a].startswith("rollout_") for a in _ancestors(plan, parents))
+        (lock,) = [n for n in labels if rule[n] == "prespecify" and plan in parents[n]]
+        evaluation = [n for n in labels if rule[n] == f"rollout_{study}"]
+        assert len(evaluation) == jobs
+        for node in evaluation:
+            assert lock in parents[node]
+            assert not any(rule[a].startswith("rollout_") for a in _ancestors(node, parents))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda c: c["studies"]["study2"].update(K="planned"),
+            "config.studies.study2.K: expected an integer >= 1 or 'plan', got 'planned'",
+        ),
+        (
+            lambda c: c["studies"]["study2"].update(K_dev=1),
+            "config.studies.study2.K_dev: 1 replicate per development document measures no "
+            "within-document variance, which config.studies.study2.K: plan needs",
+        ),
+        (
+            lambda c: c["datasets"]["cohorts"].update(dev=1),
+            "config.datasets.cohorts.dev: 1 document per stratum, but study 'study1' plans its "
+            "evaluation from the variance between development documents within a stratum",
+        ),
+        (
+            lambda c: c["studies"]["study2"].update(family_endpoints=3),
+            "config.studies.study2.family_endpoints: 3, but the study's family has 4 endpoints",
+        ),
+    ],
+)
+def test_a_study_that_cannot_be_planned_or_locked_stops_at_parse_time(edit, message):
+    from kvdiverge.config import ConfigError, check_config
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    edit(config)
+    with pytest.raises(ConfigError) as info:
+        check_config(config, SCHEMA)
+    assert str(info.value).startswith(message), str(info.value)
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["studies"]["study2"].update(K=4, K_dev=1)  # a pinned K needs no within variance
+    check_config(config, SCHEMA)
