@@ -22,6 +22,7 @@ import polars as pl
 import torch
 
 from kvdiverge.decode import DocumentRollout, RolloutSettings, rollout_documents
+from kvdiverge.documents import read_documents
 from kvdiverge.eviction import ActionSpec, parse_action
 from kvdiverge.trajectories import METADATA_KEYS, TRAJECTORY_SCHEMA
 
@@ -159,22 +160,10 @@ def select_documents(
     """``(doc_id, prompt, K)`` for the documents of ``path`` in ``cohorts``.
 
     ``cohorts`` maps a cohort name to its replicate count (e.g. ``{dev: K_dev, study1: K}``).
-    Sorted by cohort order, then doc_id. A missing column is one clear error naming the file.
+    Sorted by cohort order, then doc_id. The table is read by
+    :func:`kvdiverge.documents.read_documents` (one-line errors naming the file).
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        names = pq.read_schema(path).names
-    except (OSError, pa.ArrowInvalid) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"{path}: not a readable documents Parquet file ({reason})") from exc
-    missing = [c for c in DOCUMENT_COLUMNS if c not in names]
-    if missing:
-        raise ValueError(f"{path}: documents table lacks column(s) {', '.join(missing)}")
-    frame = pl.read_parquet(path, columns=list(DOCUMENT_COLUMNS))
-    if frame["doc_id"].n_unique() != frame.height:
-        raise ValueError(f"{path}: doc_id values are not unique")
+    frame = read_documents(path, columns=DOCUMENT_COLUMNS)
     out = []
     for cohort, k in cohorts.items():
         rows = frame.filter(pl.col("cohort") == cohort).sort("doc_id")

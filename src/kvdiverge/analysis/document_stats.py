@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvdiverge.analysis.control import check_full_retention_control
+from kvdiverge.documents import read_documents
 from kvdiverge.io import atomic_path
 from kvdiverge.risk import first_divergence
 from kvdiverge.trajectories import (
@@ -272,9 +273,9 @@ def _documents_frame(documents: pl.DataFrame | str | os.PathLike | Sequence) -> 
     if isinstance(documents, pl.DataFrame):
         frames = [documents]
     elif isinstance(documents, (str, os.PathLike)):
-        frames = [pl.read_parquet(documents, columns=["doc_id", "stratum", "cohort"])]
+        frames = [read_documents(documents, columns=["stratum", "cohort"])]
     else:
-        frames = [pl.read_parquet(p, columns=["doc_id", "stratum", "cohort"]) for p in documents]
+        frames = [read_documents(p, columns=["stratum", "cohort"]) for p in documents]
     out = pl.concat([f.select("doc_id", "stratum", "cohort") for f in frames])
     dup = out.filter(pl.col("doc_id").is_duplicated())
     if dup.height:

@@ -19,14 +19,7 @@ from kvdiverge.datasets.fitting import (
     MissingSourceError,
 )
 from kvdiverge.datasets.helmet import HELMET_DATASETS
-from kvdiverge.datasets.materialize import (
-    DOCUMENTS_SCHEMA,
-    DocumentsFormatError,
-    materialize_stratum,
-    read_documents,
-    stratum_source_paths,
-    write_documents,
-)
+from kvdiverge.datasets.materialize import materialize_stratum, stratum_source_paths
 from kvdiverge.datasets.registry import ENVIRONMENTS, DatasetEnvironment, register_environment
 from kvdiverge.datasets.ruler import RULER_TASKS
 from kvdiverge.datasets.strata import (
@@ -35,6 +28,12 @@ from kvdiverge.datasets.strata import (
     DocumentSlot,
     Stratum,
     plan_documents,
+)
+from kvdiverge.documents import (
+    DOCUMENTS_SCHEMA,
+    DocumentsFormatError,
+    read_documents,
+    write_documents,
 )
 
 __all__ = [
