@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from study_helpers import CONTROL, LAMBDAS, STRATA, STUDY2_LAMBDAS, build_study
 
-from kvdiverge.finite_state import study_tables
+from kvdiverge.finite_state_study import study_tables
 from kvdiverge.plots.base import (
     COLUMN_WIDTH,
     DPI,

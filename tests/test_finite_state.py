@@ -16,17 +16,14 @@ from kvdiverge.finite_state import (
     FiniteStateKernelPair,
     coupled_rollouts,
     exact_risk,
-    family,
-    family_parameters,
     hoeffding_halfwidth,
     identified_interval_estimate,
     naive_replicates,
     random_machine,
-    study_summary,
-    study_tables,
     swrb_replicates,
     swrb_weight_bound,
 )
+from kvdiverge.finite_state_study import family, family_parameters, study_summary, study_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"

@@ -66,6 +66,7 @@ def test_nothing_to_do_after_a_run(built):
     [
         ("plots/theory.py", {"introductory_figure": 1}),
         ("finite_state.py", FINITE_STATE_JOBS),
+        ("finite_state_study.py", FINITE_STATE_JOBS),
         ("plots/finite_state.py", {"finite_state_figures": 1}),
         ("plots/base.py", {"finite_state_figures": 1, "introductory_figure": 1}),
         # finite_state reaches risk through identification (KernelPair): found from the imports

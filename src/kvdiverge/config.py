@@ -518,7 +518,7 @@ def _check_budgets(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
 
 def _check_finite_state(config: Mapping[str, Any]) -> None:
     """The finite-state study's combinations (EOS needs a third token, figure systems exist)."""
-    from kvdiverge.finite_state import family_parameters
+    from kvdiverge.finite_state_study import family_parameters
 
     try:
         family_parameters(config)

@@ -4,7 +4,7 @@ from kvdiverge.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-from kvdiverge.finite_state import study_summary, study_tables  # noqa: E402
+from kvdiverge.finite_state_study import study_summary, study_tables  # noqa: E402
 from kvdiverge.io import atomic_path  # noqa: E402
 
 config = {"seed": snakemake.params.seed, "finite_state": dict(snakemake.params.finite_state)}
