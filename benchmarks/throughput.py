@@ -154,6 +154,7 @@ class FlopCounter:
         self.body = sum(m.weight.numel() for m in linear if m is not model.lm_head)
         self.head = model.lm_head.weight.numel()
         self.flops = self.rows = self.calls = 0
+        self.active = False
         self.seconds = dict.fromkeys(("model", "attention", "shared-prefix", "mlp", "lm_head"), 0.0)
         self._real = decode._decode_step
         self._handles = []
@@ -170,7 +171,9 @@ class FlopCounter:
             self._starts[id(mod)] = time.perf_counter()
 
         def post(mod, args, out):
-            self.seconds[key] += time.perf_counter() - self._starts.pop(id(mod))
+            start = self._starts.pop(id(mod))
+            if self.active:  # decoding calls only, not the prefills
+                self.seconds[key] += time.perf_counter() - start
 
         self._handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
 
@@ -187,7 +190,11 @@ class FlopCounter:
 
         def spy(model, tokens, position, cache, shared):
             start = time.perf_counter()
-            out = counter._real(model, tokens, position, cache, shared)
+            counter.active = True
+            try:
+                out = counter._real(model, tokens, position, cache, shared)
+            finally:
+                counter.active = False
             counter.seconds["model"] += time.perf_counter() - start
             rows = tokens.shape[0]
             counter.flops += counter.step_flops(shared, rows, cache.get_seq_length())
@@ -229,21 +236,10 @@ def prefill_flops(counter: FlopCounter, n: int) -> float:
     )
 
 
-def measure_prefill(model, prompts: list[list[int]], counter: FlopCounter) -> dict:
-    """Each prompt's prefill as the engine runs it (with the actions' window queries)."""
-    seconds = []
-    for ids in prompts:
-        start = time.perf_counter()
-        run_prefill(model, ids, actions=ACTIONS)
-        seconds.append(time.perf_counter() - start)
-    tokens = sum(len(p) for p in prompts)
-    flops = sum(prefill_flops(counter, len(p)) for p in prompts)
-    return {"tokens_per_s": tokens / sum(seconds), "gflops": flops / sum(seconds) / 1e9}
-
-
-def measure_decode(model, docs, eos, settings, counter: FlopCounter) -> dict:
-    """The job's documents through ``rollout_documents``: decode seconds are the wall time less
-    the prefills and selections (timed by the engine)."""
+def measure_job(model, docs, eos, settings, counter: FlopCounter) -> dict:
+    """The job's documents through ``rollout_documents``: the prefills as the engine times them
+    (with the actions' window queries); decode seconds are the wall time less the prefills and
+    selections."""
     counter.flops = counter.rows = counter.calls = 0
     counter.seconds = dict.fromkeys(counter.seconds, 0.0)
     start = time.perf_counter()
@@ -251,10 +247,12 @@ def measure_decode(model, docs, eos, settings, counter: FlopCounter) -> dict:
         results = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
     wall = time.perf_counter() - start
     first = [next(iter(r.values())) for r in results.values()]
-    setup = sum(f.prefill_seconds for f in first)
-    setup += sum(r.selection_seconds for res in results.values() for r in res.values())
-    seconds = wall - setup
+    prefill = sum(f.prefill_seconds for f in first)
+    selection = sum(r.selection_seconds for res in results.values() for r in res.values())
+    seconds = wall - prefill - selection
     paths = sum(len(r.replicates) for res in results.values() for r in res.values())
+    tokens = sum(f.n_prompt for f in first)
+    flops = sum(prefill_flops(counter, f.n_prompt) for f in first)
     return {
         "seconds": seconds,
         "row_steps_per_s": counter.rows / seconds,
@@ -262,7 +260,11 @@ def measure_decode(model, docs, eos, settings, counter: FlopCounter) -> dict:
         "rows_per_call": counter.rows / max(counter.calls, 1),
         "path_seconds": seconds / paths,
         "breakdown": {**counter.seconds, "outside": seconds - counter.seconds["model"]},
-        "results": results,
+        "prefill": {
+            "seconds": prefill,
+            "tokens_per_s": tokens / max(prefill, 1e-9),
+            "gflops": flops / max(prefill, 1e-9) / 1e9,
+        },
     }
 
 
@@ -286,10 +288,9 @@ def run(model_name: str, shape: Shape, rows: int, baseline: bool) -> dict:
     counter = FlopCounter(model)
     run_prefill(model, prompts[0][:64])  # warm-up: first-call allocations and kernel choice
     gemm = [gemm_rate()]
-    prefill = measure_prefill(model, prompts[:2], counter)
-    gemm.append(gemm_rate())
     settings = RolloutSettings(shape.H, 1, max_batch_rows=rows)
-    dec = measure_decode(model, docs, eos, settings, counter)
+    dec = measure_job(model, docs, eos, settings, counter)
+    prefill = dec.pop("prefill")
     gemm.append(gemm_rate())
     out = {
         "model": model_name,
@@ -311,7 +312,8 @@ def report(rows: list[dict]) -> None:
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{torch.backends.cpu.get_cpu_capability()}; GEMM: {'×'.join(map(str, GEMM))} float32 "
-        "(min–max of the rates measured before, between and after); ratios against their mean\n"
+        "(min–max of the rates measured before and after the job, and after the baseline); "
+        "ratios against their mean\n"
     )
     print(
         "| model | shape | rows/call | decode row-steps/s | decode GFLOP/s | prefill tok/s | "
@@ -359,13 +361,14 @@ def sweep(model_name: str, budgets: Sequence[int], H: int) -> None:
     prompts = document_prompts(tokenizer, 768 - 32, len(counts))
     docs = [(f"bench/{i}", ids, c) for i, (ids, c) in enumerate(zip(prompts, counts, strict=True))]
     counter = FlopCounter(model)
+    docs = [(*doc, run_prefill(model, doc[1], actions=ACTIONS)) for doc in docs]  # once
     print(
         f"| {model_name}: row budget | rows/call | row-steps/s | GFLOP/s | GEMM GFLOP/s | ratio |"
     )
     print("|---:|---:|---:|---:|---:|---:|")
     for budget in budgets:
         g0 = gemm_rate()
-        d = measure_decode(model, docs, eos, RolloutSettings(H, 1, max_batch_rows=budget), counter)
+        d = measure_job(model, docs, eos, RolloutSettings(H, 1, max_batch_rows=budget), counter)
         g = (g0 + gemm_rate()) / 2
         print(
             f"| {budget} | {d['rows_per_call']:.0f} | {d['row_steps_per_s']:.0f} | "
@@ -386,9 +389,13 @@ def main() -> None:
     )
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--sweep", type=int, nargs="+", help="row budgets to compare instead")
-    parser.add_argument("--device", default="cpu", choices=["cpu"])
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (a pipeline rollout job: 1)"
+    )
     args = parser.parse_args()
     transformers.utils.logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.sweep:
         for name in args.models:
             sweep(name, args.sweep, 8)

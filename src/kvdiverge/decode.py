@@ -1008,7 +1008,7 @@ def _halves(pieces: list[_Piece]) -> list[list[_Piece]]:
 
 def rollout_documents(
     model: torch.nn.Module,
-    documents: Sequence[tuple[str, Sequence[int] | torch.Tensor, ReplicateCounts]],
+    documents: Sequence[tuple[Any, ...]],
     actions: Sequence[ActionSpec | Mapping[str, Any]],
     eos_ids: Sequence[int],
     settings: RolloutSettings,
@@ -1018,9 +1018,10 @@ def rollout_documents(
 
     ``documents``: ``(doc_id, input_ids, replicates)``; ``replicates`` as in
     :func:`rollout_document_actions`, or a mapping that names only the actions the document
-    runs. Every argument is checked before any model call. The documents' reference groups
-    are packed in order into batches of at most ``settings.max_batch_rows`` rows
-    (:func:`plan_batches`; every member of a group counted as evicting); each batch decodes as
+    runs; a fourth element, the document's :class:`kvdiverge.eviction.Prefill` for these
+    actions, saves its prefill (benchmarks). Every argument is checked before any model call.
+    The documents' reference groups are packed in order into batches of at most
+    ``settings.max_batch_rows`` rows (:func:`plan_batches`; every member of a group counted as evicting); each batch decodes as
     one model call per step, each document with its own prompt groups, positions and common
     random numbers (:func:`_rollout_units`). A document is prefilled (once, for all its
     actions) when its first batch runs and released after its last. Yields ``(doc_id,
@@ -1041,8 +1042,9 @@ def rollout_documents(
     specs = _check_actions(actions, eos_ids)
     docs = [
         _Document.plan(doc_id, ids, specs, reps, settings.coupling, subset=True)
-        for doc_id, ids, reps in documents
+        for doc_id, ids, reps, *_ in documents
     ]
+    given = {doc[0]: doc[3] for doc in documents if len(doc) > 3}  # prefills passed in
     seen = [d.doc_id for d in docs]
     if len(set(seen)) != len(seen):
         raise ValueError("documents: doc_id values are not unique")
@@ -1062,7 +1064,7 @@ def rollout_documents(
         if not all(skip(docs[d].doc_id) for d in indices):
             for d in indices:
                 if docs[d].prefill is None:
-                    docs[d].prepare(model, settings)
+                    docs[d].prepare(model, settings, given.get(docs[d].doc_id))
             for pieces, arrays, share in _run_batch(model, docs, batch, eos_ids, settings, budget):
                 for piece, piece_arrays, piece_seconds in zip(pieces, arrays, share, strict=True):
                     parts[piece.doc][piece.group].append(piece_arrays)
