@@ -1021,11 +1021,12 @@ def rollout_documents(
     runs; a fourth element, the document's :class:`kvdiverge.eviction.Prefill` for these
     actions, saves its prefill (benchmarks). Every argument is checked before any model call.
     The documents' reference groups are packed in order into batches of at most
-    ``settings.max_batch_rows`` rows (:func:`plan_batches`; every member of a group counted as evicting); each batch decodes as
-    one model call per step, each document with its own prompt groups, positions and common
-    random numbers (:func:`_rollout_units`). A document is prefilled (once, for all its
-    actions) when its first batch runs and released after its last. Yields ``(doc_id,
-    {action name: DocumentRollout})`` in document order as each document's batches finish.
+    ``settings.max_batch_rows`` rows (:func:`plan_batches`; every member of a group counted as
+    evicting); each batch decodes as one model call per step, each document with its own
+    prompt groups, positions and common random numbers (:func:`_rollout_units`). A document
+    is prefilled (once, for all its actions) when its first batch runs and released after its
+    last. Yields ``(doc_id, {action name: DocumentRollout})`` in document order as each
+    document's batches finish.
 
     A document's results equal its :func:`rollout_document_actions` run to floating-point
     rounding (the matrix products' batch differs; the tokens differ only where a uniform falls
