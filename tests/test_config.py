@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,8 @@ import yaml
 from kvdiverge.config import (
     ConfigError,
     check_generation_reserve,
-    module_fingerprint,
     validate_config,
 )
-from kvdiverge.provenance import module_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -75,31 +72,6 @@ def test_validation_does_not_mutate_on_error_path_types():
     for key, value in before.items():
         if not isinstance(value, dict):
             assert cfg[key] == value
-
-
-def test_module_fingerprint_tracks_source(tmp_path, monkeypatch):
-    # the name is shared with tests/test_provenance.py on purpose: whichever runs first in a
-    # worker must not change what the other finds (modules are located without importing)
-    module_file.cache_clear()
-    pkg = tmp_path / "fp_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("X = 1\n")
-    (pkg / "b.py").write_text("Y = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    fa, fb, fall = (
-        module_fingerprint("fp_pkg.a"),
-        module_fingerprint("fp_pkg.b"),
-        module_fingerprint("fp_pkg"),
-    )
-    (pkg / "a.py").write_text("X = 2\n")
-    assert module_fingerprint("fp_pkg.a") != fa
-    assert module_fingerprint("fp_pkg.b") == fb
-    assert module_fingerprint("fp_pkg") != fall
-    with pytest.raises(ConfigError, match="no module named 'fp_pkg.missing'"):
-        module_fingerprint("fp_pkg.missing")
-    importlib.import_module("fp_pkg.a")  # a stale fp_pkg in sys.modules, as another test leaves it
-    module_file.cache_clear()
 
 
 def test_generation_reserve_must_cover_the_horizon():

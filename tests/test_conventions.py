@@ -53,14 +53,6 @@ def test_snakemake_lint_clean():
 # docs/method.md and docs/architecture.md instead (by section heading).
 _OUTSIDE_REFERENCE = re.compile(r"\.\./shared|(?:SPEC|DESIGN|paper)\s+§|reference/datasets\.md")
 _REFERENCE_SUFFIXES = {".py", ".smk", ".rst", ".md", ".yaml", ".yml"}
-# Their source is part of the demo models' training fingerprint (kvdiverge.training): editing
-# even a docstring marks the committed weights stale, so their references are replaced together
-# with the next retraining.
-_AWAITING_RETRAINING = {
-    "src/kvdiverge/training.py",
-    "src/kvdiverge/datasets/ruler.py",
-    "src/kvdiverge/datasets/text.py",
-}
 
 
 def test_references_resolve_inside_the_repository():
@@ -70,7 +62,7 @@ def test_references_resolve_inside_the_repository():
     found = []
     for name in res.stdout.split("\0"):
         path = ROOT / name
-        if name in _AWAITING_RETRAINING or not path.is_file():
+        if not path.is_file():
             continue
         if path.suffix not in _REFERENCE_SUFFIXES and path.name != "Snakefile":
             continue

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
 
 from kvdiverge import provenance
-from kvdiverge.provenance import PACKAGE, imported_modules, script_fingerprint
+from kvdiverge.provenance import (
+    PACKAGE,
+    code_text,
+    imported_modules,
+    module_fingerprint,
+    script_fingerprint,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,3 +84,58 @@ def test_missing_entries_are_one_line_errors(tmp_path):
     with pytest.raises(ModuleNotFoundError, match="no module named 'kvdiverge.absent'"):
         script_fingerprint("kvdiverge.absent")
     assert PACKAGE == "kvdiverge"
+
+
+def test_module_fingerprint_tracks_code_not_docs(tmp_path, monkeypatch):
+    # the package name is shared with the fixture above on purpose: whichever runs first in a
+    # worker must not change what the other finds (modules are located without importing)
+    provenance.module_file.cache_clear()
+    pkg = tmp_path / "fp_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text('"""Doc."""\n\nX = 1  # one\n')
+    (pkg / "b.py").write_text("Y = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fa, fb, fall = (
+        module_fingerprint("fp_pkg.a"),
+        module_fingerprint("fp_pkg.b"),
+        module_fingerprint("fp_pkg"),
+    )
+    # docstrings, comments and blank lines are not code
+    (pkg / "a.py").write_text('"""Another\ndoc (τ)."""\n# a comment\n\n\nX = 1  # uno\n')
+    assert module_fingerprint("fp_pkg.a") == fa
+    (pkg / "a.py").write_text('"""Doc."""\n\nX = 2  # one\n')
+    assert module_fingerprint("fp_pkg.a") != fa
+    assert module_fingerprint("fp_pkg.b") == fb
+    assert module_fingerprint("fp_pkg") != fall
+    (pkg / "a.py").write_text('"""Doc."""\n\nX = "1  # one"\n')  # a string, not a comment
+    assert module_fingerprint("fp_pkg.a") != fa
+    with pytest.raises(ModuleNotFoundError, match="no module named 'fp_pkg.missing'"):
+        module_fingerprint("fp_pkg.missing")
+    importlib.import_module("fp_pkg.a")  # a stale fp_pkg in sys.modules, as another test leaves it
+    provenance.module_file.cache_clear()
+
+
+def test_code_text_keeps_code_and_drops_docs_exactly():
+    source = (
+        '"""Module doc."""\n'
+        "import os  # why\n"
+        "# a whole-line comment\n"
+        "\n"
+        "class A:\n"
+        '    """Class\n'
+        '    doc (τ)."""\n'
+        '    x = "#kept"  # dropped\n'
+        "    def f(self):\n"
+        "        'f doc'\n"
+        "        return 1   \n"
+        'def g(): "shares a line with code"; return 2\n'
+    )
+    assert code_text(source) == (
+        "import os\n"
+        "class A:\n"
+        '    x = "#kept"\n'
+        "    def f(self):\n"
+        "        return 1\n"
+        'def g(): "shares a line with code"; return 2\n'
+    )

@@ -22,7 +22,6 @@ parse time (``workflow/rules/common.smk``) and raises :class:`ConfigError` with 
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -31,8 +30,6 @@ from typing import Any
 import jsonschema
 import yaml
 
-from kvdiverge.provenance import module_file
-
 __all__ = [
     "ConfigError",
     "check_config",
@@ -40,7 +37,6 @@ __all__ = [
     "check_references",
     "load_schema",
     "load_yaml_strict",
-    "module_fingerprint",
     "validate_config",
 ]
 
@@ -556,22 +552,3 @@ def check_config(
         load_yaml_strict(path)
     validate_config(config, schema)
     check_references(config)
-
-
-def module_fingerprint(*modules: str) -> str:
-    """SHA-256 (first 16 hex digits) of the source of the named modules, without importing them.
-
-    A rule passes this as a ``params:`` entry so that editing a package module it uses reruns
-    exactly its jobs (Snakemake does not track imported modules itself).
-    A package name covers every ``.py`` file below it.
-    """
-    digest = hashlib.sha256()
-    for name in sorted(modules):
-        origin = module_file(name)
-        if origin is None:
-            raise ConfigError(f"module_fingerprint: no module named {name!r}")
-        files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
-        for f in files:
-            digest.update(f.name.encode())
-            digest.update(f.read_bytes())
-    return digest.hexdigest()[:16]

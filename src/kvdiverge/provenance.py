@@ -13,12 +13,21 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.machinery
+import io
 import os
+import tokenize
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
-__all__ = ["PACKAGE", "imported_modules", "module_file", "script_fingerprint"]
+__all__ = [
+    "PACKAGE",
+    "code_text",
+    "imported_modules",
+    "module_file",
+    "module_fingerprint",
+    "script_fingerprint",
+]
 
 PACKAGE = "kvdiverge"
 
@@ -128,4 +137,66 @@ def script_fingerprint(*entries: str | os.PathLike) -> str:
     for name in imported_modules(entries):
         digest.update(name.encode() + b"\0")
         digest.update(module_file(name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def code_text(source: str) -> str:
+    """``source`` without its docstrings, comments and blank lines, and with trailing spaces
+    removed: the part of a module that can change what it computes.
+
+    Docstrings are located by the syntax tree (the first statement of a module, class or
+    function when it is a string literal) and comments by the tokenizer, both of which give
+    the same positions on every supported Python version, so the text depends on the source
+    alone.
+    """
+    lines = source.splitlines()
+    drop: set[int] = set()  # 0-based lines wholly taken by a docstring
+    cut: dict[int, int] = {}  # 0-based line -> column where a comment starts
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                doc = body[0]
+                # the syntax tree's columns count UTF-8 bytes
+                before = lines[doc.lineno - 1].encode()[: doc.col_offset]
+                after = lines[doc.end_lineno - 1].encode()[doc.end_col_offset :]
+                alone = before.strip() == b"" and after.strip() in (b"", b";")
+                if alone:  # else the docstring shares a line with code: keep it all
+                    drop.update(range(doc.lineno - 1, doc.end_lineno))
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            cut[row - 1] = col
+    kept = []
+    for number, line in enumerate(lines):
+        if number in drop:
+            continue
+        line = line[: cut.get(number, len(line))].rstrip()
+        if line:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def module_fingerprint(*modules: str) -> str:
+    """SHA-256 (first 16 hex digits) of the code (:func:`code_text`) of the named modules,
+    found without importing them; a package name covers every ``.py`` file below it.
+
+    Editing a docstring or a comment leaves it unchanged; editing code changes it. The demo
+    models' training fingerprint is built on it (:mod:`kvdiverge.training`).
+    """
+    digest = hashlib.sha256()
+    for name in sorted(modules):
+        origin = module_file(name)
+        if origin is None:
+            raise ModuleNotFoundError(f"module_fingerprint: no module named {name!r}")
+        files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+        for f in files:
+            digest.update(f.name.encode())
+            digest.update(code_text(f.read_text(encoding="utf-8")).encode())
     return digest.hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""Training the tiny demo models on RULER-style text (DESIGN §6; README "Demo models").
+"""Training the tiny demo models on RULER-style text (README "Demo models").
 
 A randomly initialised model attends to nothing in particular, so every eviction selector looks
 alike on it. The demo models are trained here, on CPU and deterministically from a seed, on
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvdiverge.config import module_fingerprint
 from kvdiverge.datasets import ruler as R
 from kvdiverge.datasets.fitting import derive_seed
+from kvdiverge.provenance import module_fingerprint
 
 __all__ = [
     "TRAINING_FILE",

@@ -1,4 +1,5 @@
-"""RULER's 13 synthetic tasks (paper §5.1; facts in `reference/datasets.md` part A).
+"""RULER's 13 synthetic tasks (`docs/method.md`, "The language-model study";
+README "Datasets").
 
 Templates, needle formats, key and value types, haystacks and answer extraction follow RULER
 (NVIDIA/RULER, scripts/data/synthetic/constants.py, niah.py, variable_tracking.py,
@@ -7,8 +8,8 @@ Differences forced by this project, all documented in README "Datasets":
 
 - the prompt is the user message: RULER's answer prefix is appended to it (RULER puts it after
   the chat wrapper's assistant header; the documents contract applies the chat template per
-  model at rollout time, SPEC §5), and the one-shot examples of ``vt`` and ``cwe`` are rendered
-  with the plain template at the start of the user message;
+  model at rollout time, `docs/method.md`), and the one-shot examples of ``vt`` and ``cwe``
+  are rendered with the plain template at the start of the user message;
 - the token budget is ``target_tokens - reserve`` with the generation horizon H as reserve
   (RULER reserves each task's own ``tokens_to_generate``);
 - sentence splitting is :func:`kvdiverge.datasets.text.split_sentences`, not NLTK punkt;
