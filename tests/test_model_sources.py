@@ -382,7 +382,12 @@ def test_dry_run_materializes_a_sourced_model_before_its_rollouts(tmp_path, tiny
     work = workflow_copy(tmp_path)
     override = tmp_path / "sourced.yaml"
     override.write_text(
-        yaml.safe_dump({"models": {"tiny-gguf": {"source": {"gguf": str(tiny_gguf)}}}})
+        yaml.safe_dump(
+            {
+                "models": {"tiny-gguf": {"source": {"gguf": str(tiny_gguf)}}},
+                "studies": {"study2": {"family_endpoints": 12}},  # a third model's endpoints
+            }
+        )
     )
     target = "results/study1/tiny-gguf/trajectories/full/ruler-1024.parquet"
     res = run_snakemake(work, "-n", target, "--configfile", "config.yaml", str(override))
@@ -402,7 +407,9 @@ def test_dry_run_reports_a_bad_source_in_one_line(tmp_path):
     work = workflow_copy(tmp_path)
     override = tmp_path / "bad.yaml"
     source = {"gguf": "m.gguf", "sha256": "12ab"}
-    override.write_text(yaml.safe_dump({"models": {"tiny-gguf": {"source": source}}}))
+    third = {"models": {"tiny-gguf": {"source": source}}}
+    third["studies"] = {"study2": {"family_endpoints": 12}}  # a third model's endpoints
+    override.write_text(yaml.safe_dump(third))
     res = run_snakemake(work, "-n", "--configfile", "config.yaml", str(override))
     assert res.returncode != 0
     wanted = "config.models.tiny-gguf.source.sha256: expected 64 hex digits, got '12ab'"
