@@ -10,16 +10,27 @@ Qwen2 models built here (random weights, the engine tests' seed):
    transformers forward over an explicitly gathered cache on the same device, over every step
    of K = 4 replicates, H = 24 (`docs/architecture.md`, "Shared-prefix attention"; float32
    should be ≤ 1e-5 as on CPU);
-3. optionally ``benchmarks/rollout.py`` on the device (``--benchmark``), for the README.
+3. optionally ``benchmarks/rollout.py`` on the device (``--benchmark``), for the README;
+4. optionally (``--throughput``) the table of ``benchmarks/throughput.py`` on the device —
+   decode row-steps/s and model GFLOP/s, prefill tokens/s and GFLOP/s, each against the same
+   process's GEMM rate in the model's dtype, the time by part, the speed-up over the
+   per-replicate baseline — then the decode rate per row budget (``--budgets``, on
+   ``--sweep-docs`` documents), from which ``rollout.max_batch_rows`` for the device is read.
+   ``--throughput-args`` passes further options (e.g. ``--models tiny --lengths 1024 --H 8``
+   for a dry run on CPU).
 
-Usage (about 1 minute without the benchmark)::
+Usage (about 1 minute without the benchmarks)::
 
     python benchmarks/device_check.py --device cuda [--benchmark --lengths 4096 16384 --K 32 64]
+    python benchmarks/device_check.py --device cuda --throughput --budgets 192 384 768 1536
+    python benchmarks/device_check.py --device cpu --skip-laws --throughput --budgets 24 48 \
+        --sweep-docs 6 --throughput-args "--models tiny --lengths 1024 --H 8"   # CPU dry run
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -85,30 +96,50 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--K", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-laws", action="store_true", help="no law check (item 2)")
+    parser.add_argument("--throughput", action="store_true", help="benchmarks/throughput.py")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[192, 384, 768, 1536])
+    parser.add_argument("--sweep-docs", type=int, default=48)
+    parser.add_argument("--throughput-args", default="", help="more throughput.py options")
     args = parser.parse_args()
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, device {args.device}: {name}")
-    print(
-        "\n| model | dtype | kernel | max abs ΔP | max abs ΔQ | max abs ΔQ_fixed | paths split |"
-        " engine s |"
-    )
-    print("|---|---|---|---:|---:|---:|---:|---:|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("llama", "qwen2"):
-            model_dir = build_demo_model(kind, Path(tmp) / kind, seed=11)
-            for dtype in ("float32", "bfloat16"):
-                c = law_check(model_dir, args.device, dtype)
-                print(
-                    f"| {kind} | {c['dtype']} | {c['kernel']} | {c['p']:.2e} | {c['q']:.2e} | "
-                    f"{c['q_fixed']:.2e} | {c['split_paths']}/4 | {c['seconds']:.2f} |",
-                    flush=True,
-                )
+    if not args.skip_laws:
+        law_table(args.device)
     if args.benchmark:
         cmd = [sys.executable, str(Path(__file__).with_name("rollout.py")), "--device"]
         cmd += [args.device, "--rounds", str(args.rounds), "--lengths"]
         cmd += [str(n) for n in args.lengths] + ["--K"] + [str(k) for k in args.K]
         print(flush=True)
         subprocess.run(cmd, check=True)
+    if args.throughput:
+        script = str(Path(__file__).with_name("throughput.py"))
+        extra = shlex.split(args.throughput_args)
+        for options in ([], ["--sweep", *map(str, args.budgets)]):
+            cmd = [sys.executable, script, "--device", args.device, *options, *extra]
+            if options:
+                cmd += ["--sweep-docs", str(args.sweep_docs)]
+            print(flush=True)
+            subprocess.run(cmd, check=True)
+
+
+def law_table(device: str) -> None:
+    """Item 2: per architecture and dtype, the kernel chosen and the largest law differences."""
+    print(
+        "\n| model | dtype | kernel | max abs ΔP | max abs ΔQ | max abs ΔQ_fixed | paths split |"
+        " engine s |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("llama", "qwen2"):
+            model_dir = build_demo_model(kind, Path(tmp) / kind, seed=11)
+            for dtype in ("float32", "bfloat16"):
+                c = law_check(model_dir, device, dtype)
+                print(
+                    f"| {kind} | {c['dtype']} | {c['kernel']} | {c['p']:.2e} | {c['q']:.2e} | "
+                    f"{c['q_fixed']:.2e} | {c['split_paths']}/4 | {c['seconds']:.2f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

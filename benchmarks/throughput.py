@@ -93,23 +93,32 @@ def shapes(names: Sequence[str], lengths: Sequence[int], H: int) -> list[Shape]:
     return out
 
 
-def gemm_rate(seconds: float = 1.0) -> float:
-    """GFLOP/s of the big float32 GEMM in this process (best of three timed runs)."""
+def clock() -> float:
+    """``time.perf_counter()`` once the queued CUDA work is done (CUDA is asynchronous)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def gemm_rate(model: torch.nn.Module, seconds: float = 1.0) -> float:
+    """GFLOP/s of the big GEMM in this process, on the model's device and in its dtype (best
+    of three timed runs)."""
     m, k, n = GEMM
     gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
+    weight = next(model.parameters())
+    a, b = (torch.randn(shape, generator=gen).to(weight) for shape in ((m, k), (k, n)))
     torch.mm(a, b)
-    start = time.perf_counter()
+    start = clock()
     reps = 0
-    while time.perf_counter() - start < seconds / 3 or reps < 2:
+    while clock() - start < seconds / 3 or reps < 2:
         torch.mm(a, b)
         reps += 1
     best = float("inf")
     for _ in range(3):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(reps):
             torch.mm(a, b)
-        best = min(best, (time.perf_counter() - start) / reps)
+        best = min(best, (clock() - start) / reps)
     return 2 * m * k * n / best / 1e9
 
 
@@ -168,12 +177,12 @@ class FlopCounter:
 
     def _time(self, module: torch.nn.Module, key: str) -> None:
         def pre(mod, args):
-            self._starts[id(mod)] = time.perf_counter()
+            self._starts[id(mod)] = clock()
 
         def post(mod, args, out):
             start = self._starts.pop(id(mod))
             if self.active:  # decoding calls only, not the prefills
-                self.seconds[key] += time.perf_counter() - start
+                self.seconds[key] += clock() - start
 
         self._handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
 
@@ -189,13 +198,13 @@ class FlopCounter:
         counter = self
 
         def spy(model, tokens, position, cache, shared):
-            start = time.perf_counter()
+            start = clock()
             counter.active = True
             try:
                 out = counter._real(model, tokens, position, cache, shared)
             finally:
                 counter.active = False
-            counter.seconds["model"] += time.perf_counter() - start
+            counter.seconds["model"] += clock() - start
             rows = tokens.shape[0]
             counter.flops += counter.step_flops(shared, rows, cache.get_seq_length())
             counter.rows += rows
@@ -203,10 +212,10 @@ class FlopCounter:
             return out
 
         def timed_attention(*args, **kwargs):
-            start = time.perf_counter()
+            start = clock()
             out = counter._real_attention(*args, **kwargs)
             if kwargs.get("kvd_prefix") is not None:
-                counter.seconds["shared-prefix"] += time.perf_counter() - start
+                counter.seconds["shared-prefix"] += clock() - start
             return out
 
         decode._decode_step = spy
@@ -242,10 +251,10 @@ def measure_job(model, docs, eos, settings, counter: FlopCounter) -> dict:
     selections."""
     counter.flops = counter.rows = counter.calls = 0
     counter.seconds = dict.fromkeys(counter.seconds, 0.0)
-    start = time.perf_counter()
+    start = clock()
     with counter:
         results = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
-    wall = time.perf_counter() - start
+    wall = clock() - start
     first = [next(iter(r.values())) for r in results.values()]
     prefill = sum(f.prefill_seconds for f in first)
     selection = sum(r.selection_seconds for res in results.values() for r in res.values())
@@ -277,8 +286,8 @@ def measure_baseline(model, ids, K: int, H: int, eos) -> float:
     return seconds / K
 
 
-def run(model_name: str, shape: Shape, rows: int, baseline: bool) -> dict:
-    model = load_model(str(MODELS[model_name]))
+def run(model_name: str, shape: Shape, rows: int, baseline: bool, device: str, dtype: str) -> dict:
+    model = load_model(str(MODELS[model_name]), device=device, dtype=dtype)
     tokenizer = load_tokenizer(str(MODELS[model_name]))
     eos = eos_token_ids(model, tokenizer)
     prompts = document_prompts(tokenizer, shape.n, len(shape.counts))
@@ -287,13 +296,13 @@ def run(model_name: str, shape: Shape, rows: int, baseline: bool) -> dict:
     ]
     counter = FlopCounter(model)
     run_prefill(model, prompts[0][:64])  # warm-up: first-call allocations and kernel choice
-    gemm = [gemm_rate()]
+    gemm = [gemm_rate(model)]
     settings = RolloutSettings(shape.H, 1, max_batch_rows=rows)
     dec = measure_job(model, docs, eos, settings, counter)
     prefill = dec.pop("prefill")
-    gemm.append(gemm_rate())
+    gemm.append(gemm_rate(model))
     out = {
-        "model": model_name,
+        "model": f"{model_name} ({str(model.dtype).removeprefix('torch.')})",
         "shape": shape.name,
         "n": shape.n,
         "prefill": prefill,
@@ -302,16 +311,21 @@ def run(model_name: str, shape: Shape, rows: int, baseline: bool) -> dict:
     if baseline:
         k = max(c["snapkv-half"] for c in shape.counts)
         out["baseline_path_seconds"] = measure_baseline(model, prompts[0], k, shape.H, eos)
-        gemm.append(gemm_rate())
+        gemm.append(gemm_rate(model))
     counter.close()
     out["gemm"] = gemm
     return out
 
 
 def report(rows: list[dict]) -> None:
+    where = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        else f"CPU {torch.backends.cpu.get_cpu_capability()}"
+    )
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{torch.backends.cpu.get_cpu_capability()}; GEMM: {'×'.join(map(str, GEMM))} float32 "
+        f"torch {torch.__version__}, {where}, {torch.get_num_threads()} threads; "
+        f"GEMM: {'×'.join(map(str, GEMM))} in the model's dtype "
         "(min–max of the rates measured before and after the job, and after the baseline); "
         "ratios against their mean\n"
     )
@@ -352,12 +366,15 @@ def report(rows: list[dict]) -> None:
         )
 
 
-def sweep(model_name: str, budgets: Sequence[int], H: int) -> None:
-    """Decode rate per row budget on the default shape with more documents (to fill calls)."""
-    model = load_model(str(MODELS[model_name]))
+def sweep(
+    model_name: str, budgets: Sequence[int], H: int, n_docs: int, device: str, dtype: str
+) -> None:
+    """Decode rate per row budget on the default shape with ``n_docs`` documents (a third of
+    them development documents; enough to fill the largest budget's calls)."""
+    model = load_model(str(MODELS[model_name]), device=device, dtype=dtype)
     tokenizer = load_tokenizer(str(MODELS[model_name]))
     eos = eos_token_ids(model, tokenizer)
-    counts = job_counts(3, 2, 2, 4, 8)
+    counts = job_counts(3, 2, 2, n_docs // 3, n_docs - n_docs // 3)
     prompts = document_prompts(tokenizer, 768 - 32, len(counts))
     docs = [(f"bench/{i}", ids, c) for i, (ids, c) in enumerate(zip(prompts, counts, strict=True))]
     counter = FlopCounter(model)
@@ -367,9 +384,9 @@ def sweep(model_name: str, budgets: Sequence[int], H: int) -> None:
     )
     print("|---:|---:|---:|---:|---:|---:|")
     for budget in budgets:
-        g0 = gemm_rate()
+        g0 = gemm_rate(model)
         d = measure_job(model, docs, eos, RolloutSettings(H, 1, max_batch_rows=budget), counter)
-        g = (g0 + gemm_rate()) / 2
+        g = (g0 + gemm_rate(model)) / 2
         print(
             f"| {budget} | {d['rows_per_call']:.0f} | {d['row_steps_per_s']:.0f} | "
             f"{d['gflops']:.1f} | {g:.0f} | {d['gflops'] / g:.0%} |",
@@ -389,6 +406,9 @@ def main() -> None:
     )
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--sweep", type=int, nargs="+", help="row budgets to compare instead")
+    parser.add_argument("--sweep-docs", type=int, default=12, help="documents of the sweep")
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (a pipeline rollout job: 1)"
     )
@@ -398,13 +418,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.sweep:
         for name in args.models:
-            sweep(name, args.sweep, 8)
+            sweep(name, args.sweep, 8, args.sweep_docs, args.device, args.dtype)
         return
     rows = args.rows or default_rows()
     out = []
     for name in args.models:
         for shape in shapes(args.shapes, args.lengths, args.H):
-            out.append(run(name, shape, rows, not args.no_baseline))
+            out.append(run(name, shape, rows, not args.no_baseline, args.device, args.dtype))
             print(f"done {name} {shape.name}", file=sys.stderr, flush=True)
     print(f"max_batch_rows {rows}")
     report(out)
