@@ -74,7 +74,7 @@ def test_fingerprint_follows_imports_and_nothing_else(package):
     (root / "sub" / "c.py").write_text("X = 2\n")
     after = script_fingerprint(script)
     assert after != before  # reached through two imports
-    (root / "sub" / "__init__.py").write_text("# runs before b\n")
+    (root / "sub" / "__init__.py").write_text("RUNS_BEFORE_B = 1\n")
     assert script_fingerprint(script) != after
 
 
@@ -139,3 +139,38 @@ def test_code_text_keeps_code_and_drops_docs_exactly():
         "        return 1\n"
         'def g(): "shares a line with code"; return 2\n'
     )
+
+
+def test_rollout_fingerprint_covers_only_the_selectors_used(package):
+    """A rollout job names its selectors: another selector's edit, or a new one, changes
+    nothing; its own selector's edit, the shared machinery's, or a selector of one's own
+    outside the package (its whole module) changes it."""
+    root, script = package
+    (root / "a.py").write_text(
+        "from fp_pkg.sub import b\n"
+        "def register_selector(cls):\n    return cls\n"
+        "def shared():\n    return 0\n"
+        "@register_selector\nclass Recent:\n    n = 1\n"
+        "@register_selector\nclass Snap:\n    n = 2\n"
+    )
+    own = root.parent / "my_methods.py"
+    own.write_text("def helper():\n    return 1\nclass Mine:\n    n = helper()\n")
+    fp = lambda *sel: script_fingerprint(script, selectors=sel)  # noqa: E731
+    recent, snap = fp("fp_pkg.a:Recent"), fp("fp_pkg.a:Snap")
+    assert recent != snap != fp()
+    text = (root / "a.py").read_text()
+    (root / "a.py").write_text(text.replace("n = 2", "n = 3"))  # edit Snap
+    assert fp("fp_pkg.a:Recent") == recent and fp("fp_pkg.a:Snap") != snap
+    (root / "a.py").write_text(text + "@register_selector\nclass New:\n    n = 4\n")  # add one
+    assert fp("fp_pkg.a:Recent") == recent and fp("fp_pkg.a:Snap") == snap
+    (root / "a.py").write_text(text.replace("return 0", "return 5"))  # the shared machinery
+    assert fp("fp_pkg.a:Recent") != recent
+    (root / "a.py").write_text(text)
+    mine = fp("fp_pkg.a:Recent", "my_methods:Mine")
+    own.write_text("def helper():\n    return 2\nclass Mine:\n    n = helper()\n")
+    assert fp("fp_pkg.a:Recent", "my_methods:Mine") != mine
+    assert fp("fp_pkg.a:Recent") == recent
+    with pytest.raises(LookupError, match="has no class 'Absent'"):
+        fp("fp_pkg.a:Absent")
+    with pytest.raises(ModuleNotFoundError, match="no module named 'nowhere'"):
+        fp("nowhere:X")

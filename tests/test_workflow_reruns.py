@@ -48,7 +48,7 @@ def _planned(work, config, env):
 
 def _edited(path, fn):
     original = path.read_text()
-    path.write_text(original + "\n# an edit\n")
+    path.write_text(original + "\n_AN_EDIT = 1\n")  # code: docstrings and comments do not count
     try:
         return fn()
     finally:

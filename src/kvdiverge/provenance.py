@@ -2,10 +2,12 @@
 
 Snakemake reruns a job when its params change, but it does not track the Python modules a
 script imports. Each rule therefore passes ``code=script_fingerprint(<its script>)``: a digest
-of the source of every ``kvdiverge`` module the script reaches by import, found by reading the
-import statements (anywhere in a file, function-level imports included) transitively, without
-importing anything. Editing a module reruns exactly the rules whose scripts reach it; nobody
-keeps a list by hand (``docs/architecture.md``, "Reruns").
+of the code (docstrings, comments and blank lines left out: :func:`code_text`) of every
+``kvdiverge`` module the script reaches by import, found by reading the import statements
+(anywhere in a file, function-level imports included) transitively, without importing
+anything. Editing a module's code reruns exactly the rules whose scripts reach it; nobody keeps
+a list by hand. A rollout job's fingerprint covers only the selectors its actions use
+(``selectors=``), so adding a method reruns no other job (``docs/architecture.md``, "Reruns").
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from pathlib import Path
 
 __all__ = [
     "PACKAGE",
+    "REGISTER_DECORATOR",
     "code_text",
     "imported_modules",
     "module_file",
     "module_fingerprint",
     "script_fingerprint",
+    "selector_code",
 ]
 
 PACKAGE = "kvdiverge"
@@ -128,15 +132,72 @@ def imported_modules(entries: Iterable[str | os.PathLike]) -> list[str]:
     return sorted(seen)
 
 
-def script_fingerprint(*entries: str | os.PathLike) -> str:
-    """SHA-256 (first 16 hex digits) of the names and sources of
-    :func:`imported_modules` ``(entries)``: a ``params:`` entry that changes exactly when a
-    module the rule's script reaches changes. The scripts themselves are not hashed
-    (Snakemake already reruns a job whose script changed)."""
+REGISTER_DECORATOR = "register_selector"
+"""The decorator that registers a selector class (:func:`kvdiverge.eviction.register_selector`);
+:func:`script_fingerprint` with ``selectors`` leaves the classes it decorates out."""
+
+
+def _registered_class_lines(tree: ast.Module) -> dict[str, range]:
+    """Top-level classes decorated with :data:`REGISTER_DECORATOR`: name -> their 0-based lines,
+    decorators included."""
+    found = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        names = [
+            d.id if isinstance(d, ast.Name) else d.attr if isinstance(d, ast.Attribute) else ""
+            for d in node.decorator_list
+        ]
+        if REGISTER_DECORATOR in names:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            found[node.name] = range(first - 1, node.end_lineno)
+    return found
+
+
+def selector_code(selector: str) -> str:
+    """The code (:func:`code_text`) of one selector, named ``"module:Class"``: the class alone
+    when its module belongs to the package, else its whole module (a method of one's own may
+    lean on helpers beside it). One-line error when there is no such module or class."""
+    module, _, name = selector.partition(":")
+    path = module_file(module)
+    if path is None:
+        raise ModuleNotFoundError(f"script_fingerprint: no module named {module!r}")
+    source = path.read_text(encoding="utf-8")
+    if module != PACKAGE and not module.startswith(PACKAGE + "."):
+        return code_text(source)
+    lines = source.splitlines()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            return code_text("\n".join(lines[first - 1 : node.end_lineno]) + "\n")
+    raise LookupError(f"script_fingerprint: module {module!r} has no class {name!r}")
+
+
+def script_fingerprint(*entries: str | os.PathLike, selectors: Iterable[str] | None = None) -> str:
+    """SHA-256 (first 16 hex digits) of the names and code (:func:`code_text`) of
+    :func:`imported_modules` ``(entries)``: a ``params:`` entry that changes exactly when the
+    code of a module the rule's script reaches changes (docstrings and comments aside). The
+    scripts themselves are not hashed (Snakemake already reruns a job whose script changed).
+
+    ``selectors`` (``"module:Class"`` names; a rollout job's) narrows the methods: the package's
+    registered selector classes (decorated with :data:`REGISTER_DECORATOR`) are left out of
+    their modules, and only the named selectors' code is added (:func:`selector_code`). So
+    editing or adding one selector changes only the fingerprints of the jobs that use it.
+    """
     digest = hashlib.sha256()
     for name in imported_modules(entries):
+        source = module_file(name).read_text(encoding="utf-8")
+        if selectors is not None:
+            lines = source.splitlines()
+            drop = set()
+            for span in _registered_class_lines(ast.parse(source)).values():
+                drop.update(span)
+            source = "\n".join(line for i, line in enumerate(lines) if i not in drop) + "\n"
         digest.update(name.encode() + b"\0")
-        digest.update(module_file(name).read_bytes())
+        digest.update(code_text(source).encode())
+    for selector in sorted(set(selectors or ())):
+        digest.update(selector.encode() + b"\0")
+        digest.update(selector_code(selector).encode())
     return digest.hexdigest()[:16]
 
 
