@@ -249,3 +249,38 @@ def test_accuracy_figure_in_house_style(tmp_path):
     write_accuracy(table, tmp_path / "accuracy.csv")
     write_accuracy_figure(tmp_path / "accuracy.csv", tmp_path / "a.png", tmp_path / "a.pdf")
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "a.pdf").stat().st_size > 0
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen", "smollm2"])
+@pytest.mark.parametrize("clean_up", [None, True])
+def test_file_decoder_equals_the_tokenizers_decode(tmp_path, model, clean_up):
+    """The accuracy rule decodes without transformers where it may; the text is the same."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from kvdiverge.analysis.accuracy import TokenizerFileDecoder, load_decoder
+    from kvdiverge.models import load_tokenizer
+
+    source = Path(__file__).resolve().parents[1] / "data" / "models" / model
+    if not (source / "tokenizer.json").is_file():
+        pytest.skip(f"{model} is not materialized here")
+    folder = tmp_path / model
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(source / name, folder / name)
+    if clean_up is not None:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config["clean_up_tokenization_spaces"] = clean_up
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    decoder, reference = load_decoder(folder), load_tokenizer(str(folder))
+    assert isinstance(decoder, TokenizerFileDecoder)
+    rng = np.random.default_rng(5)
+    text = "Well , isn 't it ? Yes . It 's 4438540 ! They 're here , we 've seen ' em ."
+    sequences = [reference(text, add_special_tokens=False)["input_ids"]]
+    sequences += [list(reng) for reng in rng.integers(0, len(reference), size=(200, 24))]
+    sequences += [[reference.eos_token_id, *sequences[0], reference.eos_token_id]]
+    for ids in sequences:
+        ids = [int(i) for i in ids]
+        expected = reference.decode(ids, skip_special_tokens=True)
+        assert decoder.decode(ids, skip_special_tokens=True) == expected, ids

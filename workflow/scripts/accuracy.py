@@ -11,12 +11,12 @@ import polars as pl  # noqa: E402
 from kvdiverge.analysis.accuracy import (  # noqa: E402
     accuracy_document_stats,
     accuracy_table,
+    load_decoder,
     metric_documents,
     timing_depth,
     write_accuracy,
 )
 from kvdiverge.analysis.estimands import study_seed  # noqa: E402
-from kvdiverge.models import load_tokenizer  # noqa: E402
 from kvdiverge.plots.accuracy import write_accuracy_figure  # noqa: E402
 from kvdiverge.tables import write_accuracy_table  # noqa: E402
 from kvdiverge.trajectories import read_trajectory_metadata  # noqa: E402
@@ -28,9 +28,7 @@ documents = metric_documents(list(snakemake.input.documents), p.datasets)
 tables = []
 for model, files in p.files.items():
     spec = p.tokenizers[model]
-    tokenizer = load_tokenizer(
-        spec["path"], trust_remote_code=spec["trust_remote_code"], revision=spec["revision"]
-    )
+    tokenizer = load_decoder(spec["path"], spec["revision"], spec["trust_remote_code"])
     depth = timing_depth(int(read_trajectory_metadata(files[actions[0]][0])["H"]), p.clock)
     stats = accuracy_document_stats(files, documents, tokenizer, depth)
     table = accuracy_table(
