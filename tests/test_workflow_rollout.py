@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-from workflow_helpers import ROOT, run_snakemake, workflow_copy
+from workflow_helpers import ROOT, package_env, planned_jobs, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.prespecification import read_lock
 from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
@@ -38,16 +38,18 @@ SMALL = {
 }
 
 
-def _workdir(tmp_path: Path) -> Path:
-    """A copy of the workflow (tests/workflow_helpers.py) with the fixture stratum's documents."""
-    work = workflow_copy(tmp_path)
+def _workdir(tmp_path: Path, package: bool = False) -> Path:
+    """A copy of the workflow (tests/workflow_helpers.py) with the fixture stratum's documents
+    (and its own copy of the package with ``package``)."""
+    work = workflow_copy(tmp_path, package=package)
     (work / "data" / "documents").mkdir(parents=True)
     shutil.copy(FIXTURE, work / "data" / "documents" / "ruler-1024.parquet")
     return work
 
 
 def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
-    return run_snakemake(work, *args, timeout=600)
+    env = package_env(work) if (work / "pkg").is_dir() else None
+    return run_snakemake(work, *args, env=env, timeout=600)
 
 
 @pytest.mark.slow
@@ -55,7 +57,7 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
     """Each study's development jobs, then its plan and lock, then its evaluation jobs: one job
     per (study, model, stratum) and stage writes every action's file; the evaluation files carry
     the lock's K (the plan's for study 1, the pinned one for study 2) and its hash."""
-    work = _workdir(tmp_path)
+    work = _workdir(tmp_path, package=True)
     override = tmp_path / "small.yaml"
     override.write_text(yaml.safe_dump(SMALL))
     jobs = {("study1", "tiny-llama"), ("study2", "tiny-qwen")}
@@ -65,10 +67,7 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
         for action in SMALL["studies"][study]["actions"]
     }
     # The fixture stands in for materialize_documents' output (another stage's rule).
-    res = _snakemake(
-        work,
-        *paths.values(),
-        "--allowed-rules",
+    rules = [
         "build_demo_model",
         "dev_rollout_study1",
         "dev_rollout_study2",
@@ -76,9 +75,9 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
         "prespecify",
         "rollout_study1",
         "rollout_study2",
-        "--configfile",
-        str(override),
-    )
+    ]
+    run = ["--allowed-rules", *rules, "--configfile", str(override)]
+    res = _snakemake(work, *paths.values(), *run)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert (work / "data/models/tiny-llama/model.safetensors").exists()
     assert (work / "data/models/tiny-qwen/tokenizer.json").exists()
@@ -138,6 +137,22 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
             joined = full.join(frames[(study, model, action)], on=["doc_id", "replicate", "t"])
             assert joined.height == full.height
             assert (joined["x_token"] == joined["x_token_right"]).all()
+
+    # A method's edit reruns only the rollouts of the studies whose actions use it: study 2 has
+    # no SnapKV action (the rollout fingerprint names the job's selectors; docs/architecture.md,
+    # "Reruns").
+    assert planned_jobs(_snakemake(work, "-n", *paths.values(), *run)) == {}
+    eviction = work / "pkg" / "kvdiverge" / "eviction.py"
+    original = eviction.read_text()
+    head = "class SnapKVSelector(ScoredSelector):\n"
+    assert original.count(head) == 1
+    eviction.write_text(original.replace(head, head + "    _AN_EDIT = 1\n"))
+    try:
+        planned = planned_jobs(_snakemake(work, "-n", *paths.values(), *run))
+    finally:
+        eviction.write_text(original)
+    assert planned.get("dev_rollout_study1") and planned.get("rollout_study1"), planned
+    assert "dev_rollout_study2" not in planned and "rollout_study2" not in planned, planned
 
 
 @pytest.mark.slow

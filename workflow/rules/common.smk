@@ -167,6 +167,22 @@ def rollout_actions(study):
     return {name: ROLLOUT_ACTIONS[name].as_dict() for name in config["studies"][study]["actions"]}
 
 
+def rollout_code(study, script):
+    """Params entry `code` of a rollout rule: the fingerprint of the engine its script reaches
+    with only the selectors of the study's actions (kvdiverge.provenance; adding or editing
+    another method reruns none of this study's rollouts)."""
+    selectors = sorted(
+        {
+            f"{type(spec.method).__module__}:{type(spec.method).__qualname__}"
+            for name, spec in ROLLOUT_ACTIONS.items()
+            if name in config["studies"][study]["actions"]
+        }
+    )
+    return script_fingerprint(
+        os.path.join(workflow.basedir, "workflow", "scripts", script), selectors=selectors
+    )
+
+
 def dev_rollout_trajectories(study):
     """The study's development trajectory files by action, with {model} and {stratum} left as
     wildcards: the outputs of dev_rollout_<study>."""

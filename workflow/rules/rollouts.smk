@@ -39,7 +39,7 @@ for study in config["studies"]:
             coupling=config["rollout"]["coupling"],
             max_batch_rows=config["rollout"]["max_batch_rows"],
             device=config["rollout"]["device"],
-            code=script_code("dev_rollout.py"),
+            code=rollout_code(study, "dev_rollout.py"),
         script:
             "../scripts/dev_rollout.py"
 
@@ -74,6 +74,6 @@ for study in config["studies"]:
             coupling=config["rollout"]["coupling"],
             max_batch_rows=config["rollout"]["max_batch_rows"],
             device=config["rollout"]["device"],
-            code=script_code("rollout.py"),
+            code=rollout_code(study, "rollout.py"),
         script:
             "../scripts/rollout.py"
