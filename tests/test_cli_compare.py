@@ -64,6 +64,7 @@ def test_compare_writes_table1_figure5_and_accuracy(run):
         "accuracy.png",
         "estimands.csv",
         "documents.parquet",
+        "generations.parquet",
     ):
         assert (run / name).stat().st_size > 0, name
     table1 = pl.read_csv(run / "table1.csv")
@@ -98,6 +99,14 @@ def test_compare_outputs_agree_with_each_other(run):
     # the shared reference: both actions score the same X generations
     x = accuracy.filter(pl.col("estimand") == "accuracy_x")["value"].to_list()
     assert x[0] == x[1]
+    # every path's texts: X alike across actions, Y equal to X where the path never diverged
+    gen = pl.read_parquet(run / "generations.parquet")
+    assert gen.height == 2 * 2 * 2  # actions × documents × K
+    by_action = [g.sort("doc_id", "replicate") for _, g in gen.group_by("action")]
+    assert by_action[0]["x_text"].to_list() == by_action[1]["x_text"].to_list()
+    never = gen.filter(pl.col("timing") == "never")
+    assert never["x_text"].to_list() == never["y_text"].to_list()
+    assert set(gen["timing"]) <= {"early", "late", "never"}
 
 
 def test_the_python_api_returns_frames(prompts):
@@ -107,6 +116,7 @@ def test_the_python_api_returns_frames(prompts):
     assert result.divergence_cdf["t"].to_list() == [1, 2, 3, 4]
     assert set(result.accuracy["estimand"]) >= {"accuracy_x", "accuracy_y", "accuracy_drop"}
     assert result.accuracy_table.height == 1 and result.documents.height == 2
+    assert result.generations.columns[:4] == ["action", "doc_id", "replicate", "timing"]
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,8 @@ class CompareError(ValueError):
 class CompareResult:
     """What :func:`compare` computed: the long estimands and accuracy tables, Table 1 and the
     accuracy table (their CSV frames), the pooled divergence CDF (action, t, value, interval),
-    the documents, and the paths written (by name)."""
+    the documents, every path's decoded X and Y texts with their scores and divergence timing
+    (``generations``), and the paths written (by name)."""
 
     estimands: pl.DataFrame
     table1: pl.DataFrame
@@ -54,6 +55,7 @@ class CompareResult:
     accuracy: pl.DataFrame
     accuracy_table: pl.DataFrame
     documents: pl.DataFrame
+    generations: pl.DataFrame
     files: dict[str, Path] = field(default_factory=dict)
 
 
@@ -203,12 +205,15 @@ def compare(
 
     Files in ``out``: ``documents.parquet``, ``trajectories/<action>.parquet``,
     ``estimands.csv``, ``table1.{csv,md,tex,html}``, ``fig5_divergence_cdf.{png,pdf}``,
-    ``accuracy.csv``, ``table_accuracy.{csv,md,tex,html}``, ``accuracy.{png,pdf}``.
+    ``accuracy.csv``, ``table_accuracy.{csv,md,tex,html}``, ``accuracy.{png,pdf}`` and
+    ``generations.parquet`` (every path's texts, scores and divergence timing).
     """
     from kvdiverge.analysis.accuracy import (
+        TIMING_CLASSES,
         accuracy_document_stats,
         accuracy_table,
         document_metrics,
+        path_scores,
         timing_depth,
         write_accuracy,
     )
@@ -216,6 +221,7 @@ def compare(
     from kvdiverge.analysis.estimands import estimands_table, write_estimands
     from kvdiverge.datasets import write_documents
     from kvdiverge.decode import RolloutSettings
+    from kvdiverge.io import atomic_path
     from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
     from kvdiverge.plots.accuracy import write_accuracy_figure
     from kvdiverge.plots.base import save_figure
@@ -297,6 +303,21 @@ def compare(
         acc_stats, model=model_name, actions=names, draws=draws, seed=seed, level=level
     )
     acc_table = accuracy_study_table(accuracy, names)
+    generations = pl.concat(
+        [
+            path_scores(frames[a], with_metrics, tokenizer, depth).with_columns(action=pl.lit(a))
+            for a in names
+        ]
+    ).select(
+        "action",
+        "doc_id",
+        "replicate",
+        pl.col("timing").replace_strict(dict(enumerate(TIMING_CLASSES)), return_dtype=pl.String),
+        "acc_x",
+        "acc_y",
+        "x_text",
+        "y_text",
+    )
     if root is not None:
         write_documents(documents, root / "documents.parquet", metadata={"prompts": str(prompts)})
         write_estimands(estimands, root / "estimands.csv", root / "estimands.md")
@@ -311,9 +332,16 @@ def compare(
         tabled = tuple(root / f"table_accuracy.{e}" for e in ("csv", "md", "tex", "html"))
         write_accuracy_table(root / "accuracy.csv", tabled, names)
         write_accuracy_figure(root / "accuracy.csv", root / "accuracy.png", root / "accuracy.pdf")
-        for name in ("documents.parquet", "estimands.csv", "table1.html", "accuracy.csv"):
+        with atomic_path(root / "generations.parquet", suffix=".parquet") as tmp:
+            generations.write_parquet(tmp)
+        for name in ("documents.parquet", "estimands.csv", "table1.html", "generations.parquet"):
             files[name] = root / name
-        for name in ("fig5_divergence_cdf.png", "table_accuracy.html", "accuracy.png"):
+        for name in (
+            "fig5_divergence_cdf.png",
+            "accuracy.csv",
+            "table_accuracy.html",
+            "accuracy.png",
+        ):
             files[name] = root / name
         say(f"wrote {root}")
     return CompareResult(
@@ -323,5 +351,6 @@ def compare(
         accuracy=accuracy,
         accuracy_table=acc_table.data,
         documents=documents,
+        generations=generations,
         files=files,
     )
