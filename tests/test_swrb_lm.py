@@ -12,17 +12,33 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from kvdiverge.analysis.swrb import (
+    document_means,
+    naive_replicate_values,
+    swrb_estimates,
+    swrb_replicate_values,
+)
 from kvdiverge.engine import RolloutSettings, rollout_document
 from kvdiverge.eviction import kept_positions
+from kvdiverge.swrb_records import (
+    SwrbFormatError,
+    read_swrb_metadata,
+    read_swrb_records,
+    record_arrays,
+    swrb_frame,
+    write_swrb_records,
+)
 from kvdiverge.swrb_rollout import survival_weights, swrb_rollout_document
 
 V, EOS, H = 5, 4, 4
 ACTION = {"name": "recent-32", "selector": "recent", "budget": 32}
 N_REP = 3000
+L = 2  # window of the identified-interval terms
 SEED = 11
 
 
@@ -101,6 +117,7 @@ def exact(setup):
     _, _, laws = setup
     states = {((), (), H + 1): 1.0}  # (x history, y history, τ) → probability
     mismatch = np.zeros(H)
+    window = 0.0  # E[Σ_{j<ℓ_τ} I_{τ+j}]
     for t in range(1, H + 1):
         nxt: dict = {}
         for (xh, yh, tau), mass in states.items():
@@ -109,6 +126,7 @@ def exact(setup):
                 m = mass * joint[x, y]
                 new_tau = t if (x != y and tau > H) else tau
                 mismatch[t - 1] += m * (x != y)
+                window += m * (x != y) * (new_tau <= H and t < new_tau + L)
                 key = (xh + (int(x),), yh + (int(y),), new_tau)
                 nxt[key] = nxt.get(key, 0.0) + m
         states = nxt
@@ -118,7 +136,18 @@ def exact(setup):
             p[tau - 1] += mass
     R = mismatch.sum() / H
     O = p.sum() / H
-    return {"p": p, "R": R, "O": O, "Pi": R - O, "cdf": np.cumsum(p)}
+    s = np.arange(1, H + 1)
+    ell = np.minimum(L, H - s + 1)
+    return {
+        "p": p,
+        "R": R,
+        "O": O,
+        "Pi": R - O,
+        "cdf": np.cumsum(p),
+        "R_L": window / H,
+        "B_L": (p * (H - s + 1 - ell)).sum() / H,
+        "entry_moment": (p * s).sum(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -183,16 +212,19 @@ def test_branch_structure_and_cost(swrb):
 
 
 def test_swrb_estimators_are_unbiased(swrb, exact):
-    """Z^R, Z^O, Z^Π, the smooth CDF Σ_{s≤t} w_s and M·1{J = s} against the exact values."""
-    w, M = survival_weights(swrb.e)
-    D = swrb.mismatch.sum(1) / H
-    within(M * D, exact["R"])
-    within(M / H, exact["O"])
-    within(M * (D - 1 / H), exact["Pi"])
-    cdf = np.cumsum(w, axis=1)
+    """Z^R, Z^O, Z^Π, Z_L, W_L, the smooth CDF Σ_{s≤t} w_s, Σ_s s·w_s and M·1{J = s} (through
+    kvdiverge.analysis.swrb) against the exact values."""
+    v = swrb_replicate_values(swrb.e, swrb.entry, swrb.mismatch, windows=[L])
+    within(v["R_smc"], exact["R"])
+    within(v["O_H"], exact["O"])
+    within(v["Pi_H"], exact["Pi"])
+    within(v[f"Z_L@{L}"], exact["R_L"])
+    within(v[f"W_L@{L}"], exact["B_L"])
+    within(v["entry_moment"], exact["entry_moment"])
     for s in range(1, H + 1):
-        within(cdf[:, s - 1], exact["cdf"][s - 1])
-        within(M * (swrb.entry == s), exact["p"][s - 1])
+        within(v[f"div_cdf@{s}"], exact["cdf"][s - 1])
+        within(swrb.weight * (swrb.entry == s), exact["p"][s - 1])
+    assert exact["B_L"] > 0.01 and exact["R_L"] < exact["R"] - 0.01  # the window cuts
 
 
 def test_swrb_variance_no_larger_for_occurrence_and_cdf(swrb, exact):
@@ -206,15 +238,77 @@ def test_naive_engine_agrees_with_the_exact_values(setup, exact):
     r = rollout_document(
         model, ids, ACTION, "tiny", N_REP, [EOS], RolloutSettings(H, SEED, max_batch_rows=4 * N_REP)
     )
-    mismatch = r.x_token != r.y_token
-    B = mismatch.any(1)
-    D = mismatch.sum(1) / H
-    within(D, exact["R"])
-    within(B / H, exact["O"])
-    within(D - B / H, exact["Pi"])
-    tau = np.where(B, mismatch.argmax(1) + 1, H + 1)
+    v = naive_replicate_values(r.x_token != r.y_token, windows=[L])
+    within(v["R_smc"], exact["R"])
+    within(v["O_H"], exact["O"])
+    within(v["Pi_H"], exact["Pi"])
+    within(v[f"Z_L@{L}"], exact["R_L"])
+    within(v[f"W_L@{L}"], exact["B_L"])
     for s in range(1, H + 1):
-        within((tau <= s).astype(float), exact["cdf"][s - 1])
+        within(v[f"div_cdf@{s}"], exact["cdf"][s - 1])
+
+
+def test_document_estimates_and_bootstrap(swrb, exact):
+    """Document means, pooled estimands and intervals: four pseudo-documents (replicate quarters)
+    in two strata; point values are the pooled means, intervals contain them."""
+    v = swrb_replicate_values(swrb.e, swrb.entry, swrb.mismatch, windows=[L])
+    docs = np.repeat(["a/0", "a/1", "b/0", "b/1"], N_REP // 4)
+    means = document_means(v, docs)
+    assert means["n_replicates"].to_list() == [N_REP // 4] * 4
+    table = swrb_estimates(means, ["a", "a", "b", "b"], draws=400, seed=1)
+    row = table.filter(pl.col("estimand") == "R_smc").row(0, named=True)
+    assert row["value"] == pytest.approx(v["R_smc"].mean())
+    assert row["lo"] <= row["value"] <= row["hi"]
+    met = table.filter(pl.col("estimand") == "mean_entry_time").row(0, named=True)
+    expected = exact["entry_moment"] / exact["p"].sum()
+    assert met["value"] == pytest.approx(expected, abs=0.05)
+
+
+def test_records_round_trip_and_contract(swrb, tmp_path):
+    frame = swrb_frame([swrb])
+    meta = {
+        "model": "tiny",
+        "action": ACTION,
+        "H": H,
+        "K": N_REP,
+        "seed": SEED,
+        "coupling": "swrb",
+        "dtype": "float32",
+        "device": "cpu",
+        "n_documents": 1,
+    }
+    path = tmp_path / "swrb.parquet"
+    write_swrb_records(frame, path, meta)
+    back = read_swrb_records(path)
+    assert back.equals(frame)
+    arrays = record_arrays(back)
+    np.testing.assert_array_equal(arrays["e"], swrb.e)
+    np.testing.assert_array_equal(arrays["J"], swrb.entry)
+    assert read_swrb_metadata(path)["H"] == H
+    branch = int(np.flatnonzero(swrb.entry <= H)[0])
+    J = int(swrb.entry[branch])
+    broken = {
+        "M": (frame.with_columns(pl.col("M") * 0.5), "expected 1 − Π"),
+        "J": (frame.with_columns(pl.lit(H + 2).cast(pl.Int16).alias("J")), "expected 1.."),
+        "pair": (
+            frame.with_columns(
+                pl.when(pl.col("replicate") == branch)
+                .then(pl.col("x_token"))
+                .otherwise(pl.col("y_token"))
+                .alias("y_token")
+            ),
+            f"at J = {J}",
+        ),
+        "cost": (frame.with_columns(pl.col("cost_scan") + 1), "cost_scan"),
+        "docs": (frame, "n_documents"),
+    }
+    for name, (bad, message) in broken.items():
+        bad_meta = {**meta, "n_documents": 2} if name == "docs" else meta
+        with pytest.raises(SwrbFormatError, match=message):
+            write_swrb_records(bad, tmp_path / f"{name}.parquet", bad_meta)
+    with pytest.raises(SwrbFormatError, match="expected 'swrb'"):
+        write_swrb_records(frame, tmp_path / "other.parquet", {**meta, "coupling": "independent"})
+        read_swrb_records(tmp_path / "other.parquet")
 
 
 def test_rerun_is_bit_identical_and_keyed_by_replicate(setup, swrb):

@@ -1,0 +1,143 @@
+"""Estimands from SWRB replicates, with the stratified paired document bootstrap.
+
+`docs/method.md`, "Survival-weighted residual branching" and "Uncertainty". Per replicate, with
+the trunk's survival weights w_s, M = Σ_s w_s, the entry J and the branch trajectory's mismatch
+fraction D_J (the 1/H of step J included):
+
+* Z^R = M·D_J (mean R_SMC), Z^O = M/H (mean O_H), Z^Π = M(D_J − 1/H) (mean Π_H);
+* Z_L = M·(1/H) Σ_{j<ℓ_J} I_{J+j} (mean R_L) and W_L = M(H − J + 1 − ℓ_J)/H (mean B_L), with
+  ℓ_J = min(L, H − J + 1);
+* the smooth divergence CDF Σ_{s≤t} w_s (mean P(τ ≤ t)) and Σ_s s·w_s (mean E[τ·1{τ ≤ H}]),
+  whose ratio to the mean of M is the mean entry time E[τ | τ ≤ H].
+
+:func:`naive_replicate_values` gives the same columns from plain coupled rollouts (B = 1{τ ≤ H}
+in place of M, τ in place of J, the indicator 1{τ ≤ t} in place of the smooth CDF), so both
+estimators go through the same document means and bootstrap. A document's value is the mean over
+its replicates; an estimand averages documents with equal weight (a ratio estimand is the ratio
+of document-averaged numerator and denominator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from kvdiverge.analysis.bootstrap import (
+    percentile_interval,
+    resampled_means,
+    stratified_bootstrap_weights,
+)
+from kvdiverge.swrb_rollout import survival_weights
+
+__all__ = [
+    "document_means",
+    "naive_replicate_values",
+    "swrb_estimates",
+    "swrb_replicate_values",
+]
+
+
+def _window_terms(
+    weight: np.ndarray, entry: np.ndarray, mismatch: np.ndarray, L: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Z_L = weight·(1/H) Σ_{j<ℓ} I_{entry+j} and W_L = weight·(H − entry + 1 − ℓ)/H."""
+    H = mismatch.shape[1]
+    t = np.arange(1, H + 1)[None, :]
+    start = entry[:, None]
+    inside = (t >= start) & (t < start + L)
+    z_l = weight * (mismatch & inside).sum(1) / H
+    remaining = np.clip(H - entry + 1, 0, None)
+    return z_l, weight * (remaining - np.minimum(L, remaining)) / H
+
+
+def _values(
+    weight: np.ndarray,
+    entry: np.ndarray,
+    mismatch: np.ndarray,
+    cdf: np.ndarray,
+    entry_moment: np.ndarray,
+    windows: Sequence[int],
+) -> dict[str, np.ndarray]:
+    H = mismatch.shape[1]
+    D = mismatch.sum(1) / H
+    has = entry <= H
+    out = {
+        "R_smc": weight * D,
+        "O_H": weight * has / H,
+        "Pi_H": weight * has * (D - 1 / H),
+        "div_prob": weight * has,
+        "entry_moment": entry_moment,
+    }
+    for L in windows:
+        out[f"Z_L@{L}"], out[f"W_L@{L}"] = _window_terms(weight, entry, mismatch, L)
+    for t in range(1, H + 1):
+        out[f"div_cdf@{t}"] = cdf[:, t - 1]
+    return out
+
+
+def swrb_replicate_values(
+    e: np.ndarray, entry: np.ndarray, mismatch: np.ndarray, windows: Sequence[int] = ()
+) -> dict[str, np.ndarray]:
+    """Per-replicate SWRB statistics (module docstring) from the trunk's e (k, H), J (k,) and
+    the branch trajectory's mismatches (k, H); each value's mean is its estimand."""
+    e = np.asarray(e, dtype=np.float64)
+    mismatch = np.asarray(mismatch, dtype=bool)
+    w, M = survival_weights(e)
+    steps = np.arange(1, e.shape[1] + 1)
+    return _values(M, np.asarray(entry), mismatch, np.cumsum(w, axis=1), w @ steps, windows)
+
+
+def naive_replicate_values(
+    mismatch: np.ndarray, windows: Sequence[int] = ()
+) -> dict[str, np.ndarray]:
+    """The same statistics from plain coupled rollouts' mismatches (k, H): B·D_H, B/H,
+    B(D_H − 1/H), 1{τ ≤ t}, τ·1{τ ≤ H}, and Z_L, W_L at the first divergence."""
+    mismatch = np.asarray(mismatch, dtype=bool)
+    H = mismatch.shape[1]
+    has = mismatch.any(1)
+    tau = np.where(has, mismatch.argmax(1) + 1, H + 1)
+    cdf = (tau[:, None] <= np.arange(1, H + 1)[None, :]).astype(np.float64)
+    return _values(has.astype(np.float64), tau, mismatch, cdf, np.where(has, tau, 0.0), windows)
+
+
+def document_means(values: dict[str, np.ndarray], documents: np.ndarray) -> pl.DataFrame:
+    """Per document (in order of first appearance): the mean of every statistic over its
+    replicates, with ``n_replicates``."""
+    documents = np.asarray(documents)
+    order, index = np.unique(documents, return_inverse=True)
+    counts = np.bincount(index)
+    columns = {"doc_id": order.tolist(), "n_replicates": counts}
+    for name, v in values.items():
+        columns[name] = np.bincount(index, weights=np.asarray(v, dtype=np.float64)) / counts
+    return pl.DataFrame(columns)
+
+
+def swrb_estimates(
+    doc_means: pl.DataFrame,
+    strata: Sequence[str],
+    draws: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> pl.DataFrame:
+    """Estimands pooled over documents, with percentile intervals from the stratified document
+    bootstrap (:mod:`kvdiverge.analysis.bootstrap`): every statistic of :func:`document_means`
+    averaged over documents, and ``mean_entry_time`` = mean(entry_moment) / mean(div_prob).
+    Returns columns estimand, value, lo, hi."""
+    stats = [c for c in doc_means.columns if c not in ("doc_id", "n_replicates")]
+    X = doc_means.select(stats).to_numpy().astype(np.float64)
+    weights = stratified_bootstrap_weights(np.asarray(strata), draws, seed)
+    boot = resampled_means(weights, X)
+    point = X.mean(0)
+    i_num, i_den = stats.index("entry_moment"), stats.index("div_prob")
+
+    def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+    names = [*stats, "mean_entry_time"]
+    point = np.append(point, ratio(point[i_num], point[i_den]))
+    boot = np.column_stack([boot, ratio(boot[:, i_num], boot[:, i_den])])
+    lo, hi = percentile_interval(boot, level)
+    return pl.DataFrame({"estimand": names, "value": point, "lo": lo, "hi": hi})

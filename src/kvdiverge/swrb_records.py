@@ -1,0 +1,269 @@
+"""SWRB record files: the Parquet contract of survival-weighted residual branching replicates.
+
+One row per (document, replicate) of one action (`docs/method.md`, "Survival-weighted residual
+branching"; produced by :func:`kvdiverge.swrb_rollout.swrb_rollout_document`): the trunk's
+per-step e_s and tokens U_s, the entry time J, the weight M, the branch trajectory's tokens
+(x_token, y_token: U_<J, the residual pair at J, the continuation) and the cost in model
+row-steps. File-level metadata (Parquet key-value, JSON) records the model, action, H, K, seed,
+coupling (``swrb``), dtype, device and the number of documents.
+
+:func:`read_swrb_records` checks every file against its contract (:func:`check_swrb_records`),
+one line naming the file, document and replicate: columns and types; lists of length H; e_s in
+[0, 1] (up to :data:`E_TOLERANCE`); M = 1 − Π_s(1 − e_s); J in 1..H with w_J > 0 when M > 0,
+J = H + 1 when M = 0; x = y = U before J and x ≠ y at J; cost_scan = 2·(scan_steps − 1) and
+costs ≥ 0; replicates of a document 0..k − 1 with k at most the metadata's K; the number of
+documents equal to the metadata's ``n_documents``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvdiverge import __version__
+from kvdiverge.io import atomic_path
+from kvdiverge.swrb_rollout import SwrbRollout, survival_weights
+
+__all__ = [
+    "E_TOLERANCE",
+    "SWRB_METADATA_KEYS",
+    "SWRB_SCHEMA",
+    "SwrbFormatError",
+    "check_swrb_records",
+    "read_swrb_metadata",
+    "read_swrb_records",
+    "record_arrays",
+    "swrb_frame",
+    "write_swrb_records",
+]
+
+SWRB_SCHEMA: dict[str, pl.DataType] = {
+    "doc_id": pl.String,
+    "replicate": pl.Int32,
+    "J": pl.Int16,
+    "M": pl.Float64,
+    "e": pl.List(pl.Float64),
+    "trunk": pl.List(pl.Int32),
+    "x_token": pl.List(pl.Int32),
+    "y_token": pl.List(pl.Int32),
+    "scan_steps": pl.Int16,
+    "cost_scan": pl.Int32,
+    "cost_continuation": pl.Int32,
+    "n_prompt": pl.Int32,
+    "n_kept": pl.Int32,
+}
+
+SWRB_METADATA_KEYS = (
+    "model",
+    "action",
+    "H",
+    "K",
+    "seed",
+    "coupling",
+    "dtype",
+    "device",
+    "n_documents",
+)
+
+E_TOLERANCE = 1e-9
+"""e_s may leave [0, 1], and M differ from 1 − Π(1 − e_s), by this much (float rounding)."""
+
+_META_PREFIX = "kvdiverge."
+
+
+class SwrbFormatError(ValueError):
+    """An SWRB record file does not follow its contract (module docstring); one line."""
+
+
+def swrb_frame(rollouts: Sequence[SwrbRollout]) -> pl.DataFrame:
+    """The records of one action's document rollouts, one row per (document, replicate)."""
+    parts = []
+    for r in rollouts:
+        k = r.replicates.size
+        parts.append(
+            pl.DataFrame(
+                {
+                    "doc_id": [r.doc_id] * k,
+                    "replicate": r.replicates,
+                    "J": r.entry,
+                    "M": r.weight,
+                    "e": r.e.tolist(),
+                    "trunk": r.trunk.tolist(),
+                    "x_token": r.x_token.tolist(),
+                    "y_token": r.y_token.tolist(),
+                    "scan_steps": r.scan_steps,
+                    "cost_scan": r.cost_scan,
+                    "cost_continuation": r.cost_continuation,
+                    "n_prompt": [r.n_prompt] * k,
+                    "n_kept": [r.n_kept] * k,
+                }
+            )
+        )
+    if not parts:
+        return pl.DataFrame(schema=SWRB_SCHEMA)
+    return _conform(pl.concat(parts, how="vertical_relaxed"), "swrb_frame")
+
+
+def _conform(frame: pl.DataFrame, where: str) -> pl.DataFrame:
+    missing = [c for c in SWRB_SCHEMA if c not in frame.columns]
+    if missing:
+        raise SwrbFormatError(f"{where}: missing SWRB column(s) {', '.join(missing)}")
+    try:
+        return frame.select([pl.col(n).cast(d, strict=True) for n, d in SWRB_SCHEMA.items()])
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError) as exc:
+        raise SwrbFormatError(f"{where}: a column has the wrong type ({exc})") from exc
+
+
+def record_arrays(frame: pl.DataFrame) -> dict[str, np.ndarray]:
+    """The records as numpy arrays: (n,) scalars and (n, H) lists (``e``, tokens)."""
+    out = {}
+    for name in SWRB_SCHEMA:
+        col = frame[name]
+        if isinstance(SWRB_SCHEMA[name], pl.List):
+            out[name] = np.array(col.to_list()) if frame.height else np.zeros((0, 0))
+        else:
+            out[name] = col.to_numpy()
+    return out
+
+
+def check_swrb_records(
+    frame: pl.DataFrame, where: str, metadata: Mapping[str, Any] | None = None
+) -> None:
+    """Check SWRB records (conformed to :data:`SWRB_SCHEMA`) against the contract (module
+    docstring); :class:`SwrbFormatError` naming ``where``, the document and the replicate."""
+    meta = dict(metadata or {})
+    nulls = frame.null_count().row(0, named=True)
+    for name, count in nulls.items():
+        if count:
+            raise SwrbFormatError(f"{where}: column {name!r} has {count} null value(s)")
+    if frame.height == 0:
+        if meta.get("n_documents") not in (None, 0):
+            raise SwrbFormatError(f"{where}: no rows, but n_documents = {meta['n_documents']}")
+        return
+    H = meta.get("H")
+    lengths = frame.select(
+        [pl.col(c).list.len().alias(c) for c in ("e", "trunk", "x_token", "y_token")]
+    )
+    H = int(H) if isinstance(H, int) else int(lengths["e"].max())
+    docs, reps = frame["doc_id"].to_list(), frame["replicate"].to_list()
+
+    def fail(i: int, text: str) -> None:
+        raise SwrbFormatError(f"{where}: doc_id {docs[i]!r} replicate {reps[i]}: {text}")
+
+    for c in lengths.columns:
+        bad = np.flatnonzero(lengths[c].to_numpy() != H)
+        if bad.size:
+            fail(int(bad[0]), f"{c} has {lengths[c][int(bad[0])]} steps, expected H = {H}")
+    a = record_arrays(frame)
+    e, M, J = a["e"], a["M"], a["J"].astype(np.int64)
+    bad = np.flatnonzero(~np.isfinite(e).all(1) | (e < -E_TOLERANCE).any(1))
+    bad = np.union1d(bad, np.flatnonzero((e > 1 + E_TOLERANCE).any(1)))
+    if bad.size:
+        fail(int(bad[0]), "e_s outside [0, 1]")
+    w, expected_M = survival_weights(np.clip(e, 0, 1))
+    bad = np.flatnonzero(~(np.abs(M - expected_M) <= E_TOLERANCE))
+    if bad.size:
+        i = int(bad[0])
+        fail(i, f"M = {M[i]!r}, expected 1 − Π(1 − e_s) = {expected_M[i]!r}")
+    branch = M > 0
+    bad = np.flatnonzero(np.where(branch, (J < 1) | (J > H), J != H + 1))
+    if bad.size:
+        i = int(bad[0])
+        fail(i, f"J = {J[i]} with M = {M[i]!r}, expected 1..{H} when M > 0, else {H + 1}")
+    idx = np.arange(J.size)
+    j0 = np.clip(J, 1, H) - 1
+    bad = np.flatnonzero(branch & ~(w[idx, j0] > 0))
+    if bad.size:
+        fail(int(bad[0]), f"entry J = {J[int(bad[0])]} has survival weight w_J = 0")
+    t = np.arange(1, H + 1)[None, :]
+    before = t < J[:, None]
+    x, y, trunk = a["x_token"], a["y_token"], a["trunk"]
+    bad = np.flatnonzero((before & ((x != y) | (x != trunk))).any(1))
+    if bad.size:
+        fail(int(bad[0]), "x_token and y_token must equal the trunk before J")
+    bad = np.flatnonzero(branch & (x[idx, j0] == y[idx, j0]))
+    if bad.size:
+        fail(int(bad[0]), f"x_token = y_token at J = {J[int(bad[0])]} (the residual pair differs)")
+    bad = np.flatnonzero(
+        (a["cost_scan"] != 2 * np.maximum(a["scan_steps"] - 1, 0)) | (a["cost_continuation"] < 0)
+    )
+    if bad.size:
+        fail(int(bad[0]), "cost_scan must be 2·(scan_steps − 1), costs non-negative")
+    per_doc = frame.group_by("doc_id", maintain_order=True).agg(
+        k=pl.len(), r_min=pl.col("replicate").min(), r_max=pl.col("replicate").max()
+    )
+    K = meta.get("K")
+    for doc_id, k, lo, hi in per_doc.iter_rows():
+        if (
+            lo != 0
+            or hi != k - 1
+            or frame.filter(pl.col("doc_id") == doc_id)["replicate"].n_unique() != k
+        ):
+            raise SwrbFormatError(
+                f"{where}: doc_id {doc_id!r}: replicates {lo}..{hi} in {k} rows, "
+                f"expected 0..{k - 1} once each"
+            )
+        if isinstance(K, int) and k > K:
+            raise SwrbFormatError(f"{where}: doc_id {doc_id!r}: {k} replicates, metadata K = {K}")
+    n_documents = meta.get("n_documents")
+    if isinstance(n_documents, int) and n_documents != per_doc.height:
+        raise SwrbFormatError(
+            f"{where}: {per_doc.height} documents, but the metadata says n_documents = "
+            f"{n_documents}"
+        )
+
+
+def write_swrb_records(
+    frame: pl.DataFrame, path: str | os.PathLike, metadata: Mapping[str, Any]
+) -> None:
+    """Write SWRB records to ``path`` atomically with their metadata, after checking them.
+
+    ``metadata`` must hold every key of :data:`SWRB_METADATA_KEYS`; values are stored as JSON.
+    """
+    missing = [k for k in SWRB_METADATA_KEYS if k not in metadata]
+    if missing:
+        raise SwrbFormatError(f"{path}: metadata missing key(s) {', '.join(missing)}")
+    frame = _conform(frame, str(path))
+    check_swrb_records(frame, str(path), metadata)
+    table = frame.to_arrow()
+    meta = {f"{_META_PREFIX}{k}": json.dumps(v, sort_keys=True) for k, v in metadata.items()}
+    meta[f"{_META_PREFIX}package_version"] = json.dumps(__version__)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+    with atomic_path(path, suffix=".parquet") as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def read_swrb_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The kvdiverge key-value metadata of an SWRB record file, decoded from JSON."""
+    try:
+        raw = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise SwrbFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
+    return {
+        k.decode()[len(_META_PREFIX) :]: json.loads(v.decode())
+        for k, v in raw.items()
+        if k.decode().startswith(_META_PREFIX)
+    }
+
+
+def read_swrb_records(path: str | os.PathLike, check: bool = True) -> pl.DataFrame:
+    """Read an SWRB record file and check it against its contract (module docstring).
+
+    The metadata must say ``coupling: swrb``. ``check=False`` checks columns and types only.
+    """
+    metadata = read_swrb_metadata(path)
+    if metadata.get("coupling") != "swrb":
+        raise SwrbFormatError(
+            f"{path}: metadata coupling = {metadata.get('coupling')!r}, expected 'swrb'"
+        )
+    frame = _conform(pl.read_parquet(path), str(path))
+    if check:
+        check_swrb_records(frame, str(path), metadata)
+    return frame
