@@ -259,7 +259,7 @@ def test_file_decoder_equals_the_tokenizers_decode(tmp_path, model, clean_up):
     import shutil
     from pathlib import Path
 
-    from kvdiverge.analysis.accuracy import TokenizerFileDecoder, load_decoder
+    from kvdiverge.detokenize import TokenizerFileDecoder, load_decoder
     from kvdiverge.models import load_tokenizer
 
     source = Path(__file__).resolve().parents[1] / "data" / "models" / model

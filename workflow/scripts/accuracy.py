@@ -11,12 +11,12 @@ import polars as pl  # noqa: E402
 from kvdiverge.analysis.accuracy import (  # noqa: E402
     accuracy_document_stats,
     accuracy_table,
-    load_decoder,
     metric_documents,
     timing_depth,
     write_accuracy,
 )
 from kvdiverge.analysis.estimands import study_seed  # noqa: E402
+from kvdiverge.detokenize import load_decoder  # noqa: E402
 from kvdiverge.plots.accuracy import write_accuracy_figure  # noqa: E402
 from kvdiverge.tables import write_accuracy_table  # noqa: E402
 from kvdiverge.trajectories import read_trajectory_metadata  # noqa: E402

@@ -30,10 +30,8 @@ so the drop's interval is paired.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,7 +53,6 @@ __all__ = [
     "accuracy_table",
     "document_metrics",
     "generated_text",
-    "load_decoder",
     "metric_documents",
     "path_scores",
     "timing_classes",
@@ -117,66 +114,6 @@ def timing_depth(H: int, clock: Mapping[str, Any] | None = None) -> int:
     """d, the early/late boundary: the branch depth of the analysis clock at horizon ``H``
     (:class:`kvdiverge.analysis.document_stats.Clock`; H/2 by default)."""
     return Clock.for_horizon(H, **dict(clock or {})).branch_depth
-
-
-GENERIC_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
-"""Tokenizer classes whose decoding is the ``tokenizer.json`` decoder plus transformers'
-standard clean-up (no decoding code of their own)."""
-
-
-def clean_up_spaces(text: str) -> str:
-    """transformers' standard ``clean_up_tokenization``: no space before . ? ! , and English
-    contractions."""
-    for old, new in (
-        (" .", "."),
-        (" ?", "?"),
-        (" !", "!"),
-        (" ,", ","),
-        (" ' ", "'"),
-        (" n't", "n't"),
-        (" 'm", "'m"),
-        (" 's", "'s"),
-        (" 've", "'ve"),
-        (" 're", "'re"),
-    ):
-        text = text.replace(old, new)
-    return text
-
-
-class TokenizerFileDecoder:
-    """``decode`` of a ``tokenizer.json`` by the tokenizers library, as transformers decodes
-    with a generic fast tokenizer (:data:`GENERIC_FAST_TOKENIZERS`), without importing
-    transformers (and torch): seconds per job."""
-
-    def __init__(self, path: str | os.PathLike, clean_up: bool) -> None:
-        from tokenizers import Tokenizer
-
-        self.tokenizer = Tokenizer.from_file(str(path))
-        self.clean_up = clean_up
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        """The text of ``ids`` (special tokens dropped when asked), cleaned up like
-        transformers' ``decode`` when the tokenizer's config asks for it."""
-        text = self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-        return clean_up_spaces(text) if self.clean_up else text
-
-
-def load_decoder(
-    path: str | os.PathLike, revision: str | None = None, trust_remote_code: bool = False
-) -> Any:
-    """An object whose ``decode(ids, skip_special_tokens=True)`` equals the model tokenizer's:
-    a :class:`TokenizerFileDecoder` for a local folder whose tokenizer is a generic fast one,
-    else the tokenizer itself (:func:`kvdiverge.models.load_tokenizer`)."""
-    folder = Path(path)
-    config = folder / "tokenizer_config.json"
-    if revision is None and (folder / "tokenizer.json").is_file() and config.is_file():
-        settings = json.loads(config.read_text(encoding="utf-8"))
-        if settings.get("tokenizer_class") in GENERIC_FAST_TOKENIZERS:
-            clean_up = bool(settings.get("clean_up_tokenization_spaces", False))
-            return TokenizerFileDecoder(folder / "tokenizer.json", clean_up)
-    from kvdiverge.models import load_tokenizer
-
-    return load_tokenizer(str(path), trust_remote_code=trust_remote_code, revision=revision)
 
 
 def generated_text(tokenizer: Any, tokens: Sequence[int], eos: Sequence[bool]) -> str:
