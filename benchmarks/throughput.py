@@ -40,6 +40,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -317,23 +318,28 @@ def run(model_name: str, shape: Shape, rows: int, baseline: bool, device: str, d
     return out
 
 
-def report(rows: list[dict]) -> None:
+def report(rows: list[dict], file: Any = None) -> None:
+    """The table and the decode time by part, in Markdown."""
+
+    def say(*parts: Any) -> None:
+        print(*parts, file=file, flush=True)
+
     where = (
         torch.cuda.get_device_name()
         if torch.cuda.is_available() and torch.cuda.is_initialized()
         else f"CPU {torch.backends.cpu.get_cpu_capability()}"
     )
-    print(
+    say(
         f"torch {torch.__version__}, {where}, {torch.get_num_threads()} threads; "
         f"GEMM: {'×'.join(map(str, GEMM))} in the model's dtype "
         "(min–max of the rates measured before and after the job, and after the baseline); "
         "ratios against their mean\n"
     )
-    print(
+    say(
         "| model | shape | rows/call | decode row-steps/s | decode GFLOP/s | prefill tok/s | "
         "prefill GFLOP/s | GEMM GFLOP/s | decode/GEMM | prefill/GEMM | × baseline |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    say("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         g = np.array(r["gemm"])
         peak = float(g.mean())
@@ -344,22 +350,22 @@ def report(rows: list[dict]) -> None:
             if "baseline_path_seconds" in r
             else "—"
         )
-        print(
+        say(
             f"| {r['model']} | {r['shape']} (n={r['n']}) | {d['rows_per_call']:.0f} | "
             f"{d['row_steps_per_s']:.0f} | {d['gflops']:.1f} | {p['tokens_per_s']:.0f} | "
             f"{p['gflops']:.1f} | {g.min():.0f}–{g.max():.0f}{flag} | "
             f"{d['gflops'] / peak:.0%} | {p['gflops'] / peak:.0%} | {speedup} |"
         )
-    print("\nDecode time by part (seconds; attention blocks include their projections):\n")
-    print(
+    say("\nDecode time by part (seconds; attention blocks include their projections):\n")
+    say(
         "| model | shape | decode s | attention | of which shared-prefix | MLP | LM head | "
         "other in calls | outside calls (coupling, softmax, bookkeeping) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    say("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         d, b = r["decode"], r["decode"]["breakdown"]
         other = b["model"] - b["attention"] - b["mlp"] - b["lm_head"]
-        print(
+        say(
             f"| {r['model']} | {r['shape']} | {d['seconds']:.1f} | {b['attention']:.1f} | "
             f"{b['shared-prefix']:.1f} | {b['mlp']:.1f} | {b['lm_head']:.1f} | {other:.1f} | "
             f"{b['outside']:.1f} |"
@@ -425,7 +431,8 @@ def main() -> None:
     for name in args.models:
         for shape in shapes(args.shapes, args.lengths, args.H):
             out.append(run(name, shape, rows, not args.no_baseline, args.device, args.dtype))
-            print(f"done {name} {shape.name}", file=sys.stderr, flush=True)
+            print(f"max_batch_rows {rows}", file=sys.stderr)
+            report(out[-1:], file=sys.stderr)  # each row as soon as it is measured
     print(f"max_batch_rows {rows}")
     report(out)
 
