@@ -223,8 +223,8 @@ def test_several_eos_ids_through_the_pipeline_are_one_outcome(tmp_path):
         )
     )
     actions = SMALL["studies"]["study1"]["actions"]
-    paths = {
-        (name, action): f"results/study1/{name}/trajectories/{action}/ruler-1024.parquet"
+    paths = {  # the development rule's files: the same job, and no plan or lock needed first
+        (name, action): f"results/study1/{name}/dev/trajectories/{action}/ruler-1024.parquet"
         for name in models
         for action in actions
     }
