@@ -1,4 +1,9 @@
-"""The coupled decode loop: one document's rollouts under several actions, one model call a step.
+"""The coupled decode loop: rollouts under several actions, one model call a step.
+
+:func:`rollout_document_actions` runs one document; :func:`rollout_documents` (what a rollout
+job runs) fills each model call with the rows of several documents, each with its own prompt
+groups, positions and common random numbers (``docs/architecture.md``, "Coupled decoding",
+"Several documents per model call").
 
 ``docs/method.md`` states the coupling; ``docs/architecture.md`` ("Coupled decoding") the batch:
 
