@@ -2,8 +2,8 @@
 
 :func:`rollout_document_actions` runs one document; :func:`rollout_documents` (what a rollout
 job runs) fills each model call with the rows of several documents, each with its own prompt
-groups, positions and common random numbers (``docs/architecture.md``, "Coupled decoding",
-"Several documents per model call").
+groups, positions and common random numbers (``docs/architecture.md``, "Coupled decoding":
+several documents per model call).
 
 ``docs/method.md`` states the coupling; ``docs/architecture.md`` ("Coupled decoding") the batch:
 
