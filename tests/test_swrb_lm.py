@@ -320,3 +320,18 @@ def test_rerun_is_bit_identical_and_keyed_by_replicate(setup, swrb):
         assert part.entry[i] == swrb.entry[r]
         np.testing.assert_array_equal(part.x_token[i], swrb.x_token[r])
         np.testing.assert_array_equal(part.y_token[i], swrb.y_token[r])
+
+
+def test_actions_batched_together_equal_each_alone(setup):
+    """Several actions in one batch (their Q rows on their own evicted caches): each action's
+    e_s and tokens equal its run alone (to float rounding)."""
+    model, ids, _ = setup
+    other = {"name": "snapkv-20", "selector": "snapkv", "budget": 20, "window": 8}
+    together = swrb_rollout_document(model, ids, [other, ACTION], "tiny", 60, [EOS], H, SEED)
+    for action in (other, ACTION):
+        alone = swrb_rollout_document(model, ids, [action], "tiny", 60, [EOS], H, SEED)
+        a, b = alone[action["name"]], together[action["name"]]
+        np.testing.assert_allclose(a.e, b.e, atol=1e-6)
+        assert (a.x_token == b.x_token).mean() > 0.99
+        assert (a.y_token == b.y_token).mean() > 0.99
+    assert not np.allclose(together[other["name"]].e, together[ACTION["name"]].e)
