@@ -19,12 +19,14 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from kvdiverge.analysis.swrb import (
     document_means,
+    estimates_from_records,
     naive_replicate_values,
     swrb_estimates,
     swrb_replicate_values,
 )
 from kvdiverge.engine import RolloutSettings, rollout_document
 from kvdiverge.eviction import kept_positions
+from kvdiverge.swrb_job import run_swrb_job
 from kvdiverge.swrb_records import (
     SwrbFormatError,
     read_swrb_metadata,
@@ -335,3 +337,50 @@ def test_actions_batched_together_equal_each_alone(setup):
         assert (a.x_token == b.x_token).mean() > 0.99
         assert (a.y_token == b.y_token).mean() > 0.99
     assert not np.allclose(together[other["name"]].e, together[ACTION["name"]].e)
+
+
+def test_swrb_job_writes_records_and_tables(tmp_path):
+    """Documents file → run_swrb_job (the tiny demo model) → checked record files → per-stratum
+    and pooled estimands with intervals."""
+    prompts = ["The river flows north past the mill. " * 6, "A short note on stone bridges. " * 6]
+    documents = tmp_path / "documents.parquet"
+    pl.DataFrame(
+        {
+            "doc_id": ["rag-4k/study1/0", "rag-4k/study1/1"],
+            "cohort": ["study1", "study1"],
+            "prompt": prompts,
+        }
+    ).write_parquet(documents)
+    actions = {
+        "recent-half": {"selector": "recent", "budget": 0.5},
+        "snapkv-half": {"selector": "snapkv", "budget": 0.5, "window": 8},
+    }
+    out = {name: tmp_path / f"{name}.parquet" for name in actions}
+    frames = run_swrb_job(
+        documents,
+        out,
+        {"path": "data/models/tiny-llama", "dtype": "float32"},
+        actions,
+        {name: {"study1": 6} for name in actions},
+        H=6,
+        seed=3,
+        device="cpu",
+    )
+    for name, path in out.items():
+        back = read_swrb_records(path)
+        assert back.equals(frames[name]) and back.height == 12
+        assert read_swrb_metadata(path)["K"] == {"study1": 6}
+    strata = {"rag-4k/study1/0": "rag-4k", "rag-4k/study1/1": "rag-4k"}
+    table = estimates_from_records(out, strata, draws=200)
+    assert set(table["stratum"]) == {"all", "rag-4k"}
+    assert set(table["action"]) == set(actions)
+    row = table.filter(
+        (pl.col("action") == "recent-half")
+        & (pl.col("stratum") == "all")
+        & (pl.col("estimand") == "R_smc")
+    ).row(0, named=True)
+    arrays = record_arrays(read_swrb_records(out["recent-half"]))
+    w, M = survival_weights(arrays["e"])
+    D = (arrays["x_token"] != arrays["y_token"]).mean(1)
+    assert row["value"] == pytest.approx((M * D).mean())
+    assert row["lo"] <= row["value"] <= row["hi"]

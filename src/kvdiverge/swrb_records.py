@@ -11,8 +11,8 @@ coupling (``swrb``), dtype, device and the number of documents.
 one line naming the file, document and replicate: columns and types; lists of length H; e_s in
 [0, 1] (up to :data:`E_TOLERANCE`); M = 1 − Π_s(1 − e_s); J in 1..H with w_J > 0 when M > 0,
 J = H + 1 when M = 0; x = y = U before J and x ≠ y at J; cost_scan = 2·(scan_steps − 1) and
-costs ≥ 0; replicates of a document 0..k − 1 with k at most the metadata's K; the number of
-documents equal to the metadata's ``n_documents``.
+costs ≥ 0; replicates of a document 0..k − 1 with k at most the metadata's K (its largest
+value when K is per cohort); the number of documents equal to the metadata's ``n_documents``.
 """
 
 from __future__ import annotations
@@ -210,7 +210,8 @@ def check_swrb_records(
                 f"{where}: doc_id {doc_id!r}: replicates {lo}..{hi} in {k} rows, "
                 f"expected 0..{k - 1} once each"
             )
-        if isinstance(K, int) and k > K:
+        bound = max(K.values()) if isinstance(K, Mapping) and K else K
+        if isinstance(bound, int) and k > bound:
             raise SwrbFormatError(f"{where}: doc_id {doc_id!r}: {k} replicates, metadata K = {K}")
     n_documents = meta.get("n_documents")
     if isinstance(n_documents, int) and n_documents != per_doc.height:

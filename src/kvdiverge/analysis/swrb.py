@@ -19,7 +19,8 @@ of document-averaged numerator and denominator).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import polars as pl
@@ -33,6 +34,7 @@ from kvdiverge.swrb_rollout import survival_weights
 
 __all__ = [
     "document_means",
+    "estimates_from_records",
     "naive_replicate_values",
     "swrb_estimates",
     "swrb_replicate_values",
@@ -141,3 +143,42 @@ def swrb_estimates(
     boot = np.column_stack([boot, ratio(boot[:, i_num], boot[:, i_den])])
     lo, hi = percentile_interval(boot, level)
     return pl.DataFrame({"estimand": names, "value": point, "lo": lo, "hi": hi})
+
+
+def estimates_from_records(
+    paths: Mapping[str, str | os.PathLike],
+    strata: Mapping[str, str],
+    windows: Sequence[int] = (),
+    draws: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> pl.DataFrame:
+    """Estimands of SWRB record files (:mod:`kvdiverge.swrb_records`, read and checked), per
+    action: pooled over all documents (``stratum`` = ``all``) and per stratum, each with its
+    bootstrap interval (:func:`swrb_estimates`; one bootstrap seed per action, so actions of one
+    run share draws when their documents agree). ``paths``: action → record file;
+    ``strata``: doc_id → stratum. Columns action, stratum, estimand, value, lo, hi."""
+    from kvdiverge.swrb_records import read_swrb_records, record_arrays
+
+    tables = []
+    for action, path in paths.items():
+        a = record_arrays(read_swrb_records(path))
+        mismatch = a["x_token"] != a["y_token"]
+        values = swrb_replicate_values(a["e"], a["J"].astype(np.int64), mismatch, windows)
+        means = document_means(values, a["doc_id"])
+        missing = [d for d in means["doc_id"] if d not in strata]
+        if missing:
+            raise ValueError(f"strata: no stratum for doc_id {missing[0]!r} of {path}")
+        labels = [strata[d] for d in means["doc_id"]]
+        parts = [("all", means, labels)]
+        for stratum in sorted(set(labels)):
+            keep = [label == stratum for label in labels]
+            parts.append((stratum, means.filter(pl.Series(keep)), [stratum] * sum(keep)))
+        for stratum, frame, frame_strata in parts:
+            table = swrb_estimates(frame, frame_strata, draws, seed, level)
+            tables.append(
+                table.select(
+                    pl.lit(action).alias("action"), pl.lit(stratum).alias("stratum"), pl.all()
+                )
+            )
+    return pl.concat(tables)

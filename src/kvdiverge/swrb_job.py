@@ -1,0 +1,119 @@
+"""An SWRB rollout job: a stratum's documents under a study's actions → one SWRB record file per
+action (`docs/method.md`, "Survival-weighted residual branching").
+
+The counterpart of :func:`kvdiverge.rollout_job.run_stratum_rollout_job` for
+``coupling: swrb``, without its resume scratch and preflight checks: the documents are chosen
+the same way (:func:`kvdiverge.rollout_job.select_job_documents`, cohort → K per action), each
+prompt is chat-wrapped and prefilled once for all its actions, and the actions with the same K
+run as one batch (:func:`kvdiverge.swrb_rollout.swrb_rollout_document`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import polars as pl
+import torch
+
+from kvdiverge.eviction import ActionSpec, parse_action, run_prefill
+from kvdiverge.rollout_job import select_job_documents
+from kvdiverge.swrb_records import swrb_frame, write_swrb_records
+from kvdiverge.swrb_rollout import SwrbRollout, swrb_rollout_document
+
+__all__ = ["run_swrb_job", "swrb_documents_actions"]
+
+
+def swrb_documents_actions(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    documents: Sequence[tuple[str, str, Mapping[str, int]]],
+    actions: Sequence[ActionSpec | Mapping[str, Any]],
+    eos_ids: Sequence[int],
+    H: int,
+    seed: int,
+) -> dict[str, pl.DataFrame]:
+    """SWRB records of many documents: one table per action, documents in the order given.
+
+    ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
+    mapping does not run it. One prefill per document serves all its actions.
+    """
+    from kvdiverge.models import chat_prompt_ids
+
+    specs = {
+        a.name: a for a in (x if isinstance(x, ActionSpec) else parse_action(x) for x in actions)
+    }
+    out: dict[str, list[SwrbRollout]] = {name: [] for name in specs}
+    for doc_id, prompt, counts in documents:
+        unknown = [name for name in counts if name not in specs]
+        if unknown:
+            raise ValueError(f"document {doc_id}: replicates for unknown action(s) {unknown}")
+        ids = chat_prompt_ids(tokenizer, prompt)
+        running = [specs[name] for name in counts]
+        if not running:
+            continue
+        prefill = run_prefill(model, ids, actions=running)
+        by_k: dict[int, list[ActionSpec]] = {}
+        for spec in running:
+            by_k.setdefault(int(counts[spec.name]), []).append(spec)
+        for k, group in by_k.items():
+            results = swrb_rollout_document(
+                model, ids, group, doc_id, k, eos_ids, H, seed, prefill=prefill
+            )
+            for name, result in results.items():
+                out[name].append(result)
+    return {name: swrb_frame(results) for name, results in out.items()}
+
+
+def run_swrb_job(
+    documents_path: str | os.PathLike,
+    out_paths: Mapping[str, str | os.PathLike],
+    model: Mapping[str, Any],
+    actions: Mapping[str, Mapping[str, Any]],
+    cohorts: Mapping[str, Mapping[str, int]],
+    H: int,
+    seed: int,
+    device: str = "auto",
+) -> dict[str, pl.DataFrame]:
+    """Run a job and write one SWRB record file per action (metadata as the trajectory files':
+    model, action, H, K (cohort → K), seed, ``coupling: swrb``, dtype, device, n_documents).
+
+    ``model``: ``path`` (a local folder) and optionally ``name``, ``dtype``, ``revision``;
+    ``out_paths``, ``actions`` (spec dicts) and ``cohorts`` are keyed by action name.
+    """
+    from kvdiverge.models import eos_token_ids, load_model, load_tokenizer
+
+    specs = {name: parse_action(spec, name=name) for name, spec in actions.items()}
+    for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
+        if set(given) != set(specs):
+            raise ValueError(f"{field}: expected one entry per action ({', '.join(specs)})")
+    tokenizer = load_tokenizer(model["path"], revision=model.get("revision"))
+    documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
+    lm = load_model(
+        model["path"],
+        device=device,
+        dtype=model.get("dtype", "auto"),
+        revision=model.get("revision"),
+    )
+    eos = eos_token_ids(lm, tokenizer)
+    frames = swrb_documents_actions(lm, tokenizer, documents, list(specs.values()), eos, H, seed)
+    for name, spec in specs.items():
+        frame = frames[name]
+        write_swrb_records(
+            frame,
+            out_paths[name],
+            {
+                "model": {"name": model.get("name"), "path": str(model["path"])},
+                "action": spec.as_dict(),
+                "H": H,
+                "K": dict(cohorts[name]),
+                "seed": seed,
+                "coupling": "swrb",
+                "dtype": str(lm.dtype).removeprefix("torch."),
+                "device": str(lm.device),
+                "eos_ids": list(eos),
+                "n_documents": frame["doc_id"].n_unique(),
+            },
+        )
+    return frames
