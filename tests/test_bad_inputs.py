@@ -336,6 +336,7 @@ def _model_copy(tmp_path: Path, name: str = "model") -> Path:
 def _configured(folder) -> dict:
     cfg = tiny()
     cfg["models"]["extra"] = {"path": str(folder)}
+    cfg["studies"]["study2"]["family_endpoints"] = 12  # a third model: 2 x 2 x 3 endpoints
     check_config(cfg, SCHEMA)
     return cfg
 
