@@ -149,7 +149,7 @@ def document_prompts(tokenizer, n: int, count: int) -> list[list[int]]:
 
 
 class FlopCounter:
-    """Model arithmetic of the engine's decoding calls (a spy on ``decode._decode_step``) and
+    """Model arithmetic of the engine's decoding calls (a spy on ``decode.decode_step``) and
     where their time goes (forward hooks on the attention blocks, MLPs and LM head)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -166,7 +166,7 @@ class FlopCounter:
         self.flops = self.rows = self.calls = 0
         self.active = False
         self.seconds = dict.fromkeys(("model", "attention", "shared-prefix", "mlp", "lm_head"), 0.0)
-        self._real = decode._decode_step
+        self._real = decode.decode_step
         self._handles = []
         self._starts: dict[int, float] = {}
         for layer in model.model.layers:
@@ -219,14 +219,14 @@ class FlopCounter:
                 counter.seconds["shared-prefix"] += clock() - start
             return out
 
-        decode._decode_step = spy
+        decode.decode_step = spy
         interface = transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS
         self._previous = interface[attention.ATTENTION_NAME]
         interface[attention.ATTENTION_NAME] = timed_attention
         return self
 
     def __exit__(self, *exc) -> None:
-        decode._decode_step = self._real
+        decode.decode_step = self._real
         transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS[attention.ATTENTION_NAME] = (
             self._previous
         )

@@ -133,12 +133,12 @@ def test_a_broken_gather_fails_the_pipelines_control_check(tmp_path, monkeypatch
         return {name: [path] for name, path in out.items()}
 
     document_stats(job("sound"), [documents], control="full")  # passes
-    gather = decode._gather_prefix
+    gather = decode.gather_prefix
 
     def broken(prefill, kept):
         return [(keys, 0.5 * values) for keys, values in gather(prefill, kept)]
 
-    monkeypatch.setattr(decode, "_gather_prefix", broken)
+    monkeypatch.setattr(decode, "gather_prefix", broken)
     with pytest.raises(ControlCheckError) as info:
         document_stats(job("broken"), [documents], control="full")
     assert "full-retention control failed" in str(info.value) and "\n" not in str(info.value)

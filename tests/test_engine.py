@@ -512,13 +512,13 @@ def test_multi_action_job_files_equal_single_action_jobs(demo_path, tmp_path, co
 def call_rows(monkeypatch) -> list[int]:
     """The batch rows of every decoding model call the engine makes, in order."""
     rows: list[int] = []
-    real = decode._decode_step
+    real = decode.decode_step
 
     def spy(model, tokens, position, cache, shared):
         rows.append(tokens.shape[0])
         return real(model, tokens, position, cache, shared)
 
-    monkeypatch.setattr(decode, "_decode_step", spy)
+    monkeypatch.setattr(decode, "decode_step", spy)
     return rows
 
 

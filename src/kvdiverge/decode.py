@@ -84,6 +84,10 @@ __all__ = [
     "COUPLING_MODES",
     "DocumentRollout",
     "RolloutSettings",
+    "decode_step",
+    "gather_prefix",
+    "mean_kept",
+    "model_device",
     "plan_batches",
     "reference_groups",
     "rollout_document",
@@ -170,7 +174,8 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
     return next(iter(model.parameters()), torch.empty(0)).device
 
 
@@ -233,7 +238,7 @@ class _Unit:
         return len(self.replicates) * (1 + 2 * self.n_evicting)
 
 
-def _decode_step(
+def decode_step(
     model: torch.nn.Module,
     tokens: torch.Tensor,
     position: int | torch.Tensor,
@@ -577,7 +582,7 @@ def _rollout_units(
                 continue
             tokens = batch.per_row([table[1] for table in tables])
             position = lengths[0] + t - 1 if same_length else prompt_n[batch.unit] + (t - 1)
-            logits = _decode_step(model, tokens, position, cache, batch.shared)
+            logits = decode_step(model, tokens, position, cache, batch.shared)
     return [run.arrays() for run in runs]
 
 
@@ -638,7 +643,7 @@ def _running_row_steps(arrays: Mapping[str, np.ndarray]) -> tuple[int, int]:
     return int(x_running.sum()), int(own)
 
 
-def _gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+def gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
     """Each layer's kept entries: (keys, values) of shape (H_kv, n_l, d). Ragged kept sets (−1
     padding, :func:`kvdiverge.eviction.select_positions`) are cut to the layer's longest head;
     where the layer's heads still differ, a third element ``mask`` (H_kv, n_l) marks the real
@@ -655,7 +660,7 @@ def _gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Ten
     return out
 
 
-def _mean_kept(kept: torch.Tensor) -> int:
+def mean_kept(kept: torch.Tensor) -> int:
     """Entries kept per layer and KV head, on average over them (rounded) for ragged sets."""
     counts = kept_counts(kept)
     return int(round(int(counts.sum()) / counts.numel()))
@@ -740,7 +745,7 @@ class _Document:
     ) -> None:
         """One prefill for all the actions (unless given), then each action's selection and
         gather (timed per action)."""
-        device = _model_device(model)
+        device = model_device(model)
         if prefill is None:
             start = _clock(device)
             prefill = run_prefill(model, self.input_ids, actions=self.specs)
@@ -750,9 +755,9 @@ class _Document:
         for a in self.specs:
             start = _clock(device)
             self.kept[a.name] = select_positions(prefill, a)
-            identity = settings.identity_shortcut and _mean_kept(self.kept[a.name]) == prefill.n
+            identity = settings.identity_shortcut and mean_kept(self.kept[a.name]) == prefill.n
             self.interventions.append(
-                _Intervention(None if identity else _gather_prefix(prefill, self.kept[a.name]))
+                _Intervention(None if identity else gather_prefix(prefill, self.kept[a.name]))
             )
             self.selection_seconds[a.name] = _clock(device) - start
 
@@ -818,7 +823,7 @@ class _Document:
                     x_eos=merged["x_eos"],
                     y_eos=merged["y_eos"],
                     n_prompt=self.prefill.n,
-                    n_kept=_mean_kept(self.kept[name]),
+                    n_kept=mean_kept(self.kept[name]),
                     batch_rows=per_replicate * fitted,
                     rows_per_replicate=per_replicate,
                     logits=logits or None,
@@ -890,7 +895,7 @@ def rollout_document_actions(
     specs = _check_actions(actions, eos_ids)
     doc = _Document.plan(doc_id, input_ids, specs, replicates, settings.coupling)
     doc.prepare(model, settings, prefill)
-    device = _model_device(model)
+    device = model_device(model)
     parts, seconds = [], []
     for g, (_, group_reps, _) in enumerate(doc.groups):
 
@@ -1101,7 +1106,7 @@ def _run_batch(
     batch that ran. A batch above ``budget[0]`` rows (lowered by an earlier out-of-memory) is
     cut in halves first; on out-of-memory it is cut in halves and ``budget[0]`` lowered. A
     batch's seconds are shared by its units in proportion to their running row-steps."""
-    device = _model_device(model)
+    device = model_device(model)
     pending = [batch]
     while pending:
         pieces = pending.pop(0)

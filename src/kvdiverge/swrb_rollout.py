@@ -56,7 +56,7 @@ from kvdiverge.coupling import (
     merge_eos,
     tv,
 )
-from kvdiverge.decode import _decode_step, _gather_prefix, _mean_kept, _model_device
+from kvdiverge.decode import decode_step, gather_prefix, mean_kept, model_device
 from kvdiverge.eviction import ActionSpec, Prefill, parse_action, run_prefill, select_positions
 
 __all__ = ["SWRB_SALT", "SwrbRollout", "survival_weights", "swrb_rollout_document"]
@@ -176,7 +176,7 @@ def _scan(
     for t in range(1, H + 1):
         if t > 1:
             tokens = torch.cat([u_prev, u_prev])
-            logits = _decode_step(model, tokens, prefill.n + t - 2, cache, shared)
+            logits = decode_step(model, tokens, prefill.n + t - 2, cache, shared)
             probs = merge_eos(logits.double().softmax(-1), eos_ids, inplace=True)
             p, q = probs[:n], probs[n:]
         evaluated += scanning
@@ -280,7 +280,7 @@ def _continue(
         shared = SharedPrefix(rows, [full, *prompts], fused)
         fed = np.where(row_side == 0, x_tok[row_chain, t - 2], y_tok[row_chain, t - 2])
         tokens = torch.from_numpy(fed).to(device)
-        logits = _decode_step(model, tokens, prefill.n + t - 2, cache, shared)
+        logits = decode_step(model, tokens, prefill.n + t - 2, cache, shared)
         probs = merge_eos(logits.double().softmax(-1), eos_ids, inplace=True)
         p = point_mass.expand(n, -1).clone()
         q = p.clone()
@@ -337,11 +337,11 @@ def swrb_rollout_document(
     if prefill is None:
         prefill = run_prefill(model, input_ids, actions=specs)
     kept = [select_positions(prefill, a) for a in specs]
-    prompts = [_gather_prefix(prefill, positions) for positions in kept]
+    prompts = [gather_prefix(prefill, positions) for positions in kept]
     chain_reps = np.tile(reps, len(specs))
     doc = document_key(doc_id)
     end = canonical_eos(eos_ids)
-    assert _model_device(model) == prefill.keys[0].device
+    assert model_device(model) == prefill.keys[0].device
     with attention_implementation(model, ATTENTION_NAME):
         scan = _scan(model, prefill, prompts, chain_reps, k, H, seed, doc, eos_ids, fused_attention)
         w, M = survival_weights(scan["e"])
@@ -387,6 +387,6 @@ def swrb_rollout_document(
             cost_scan=2 * np.maximum(scan["evaluated"][part] - 1, 0),
             cost_continuation=cont[part],
             n_prompt=prefill.n,
-            n_kept=_mean_kept(kept[a]),
+            n_kept=mean_kept(kept[a]),
         )
     return out
