@@ -23,6 +23,7 @@ from kvdiverge.analysis.swrb import (
     naive_replicate_values,
     swrb_estimates,
     swrb_replicate_values,
+    swrb_study_table,
 )
 from kvdiverge.engine import RolloutSettings, rollout_document
 from kvdiverge.eviction import kept_positions
@@ -384,3 +385,27 @@ def test_swrb_job_writes_records_and_tables(tmp_path):
     D = (arrays["x_token"] != arrays["y_token"]).mean(1)
     assert row["value"] == pytest.approx((M * D).mean())
     assert row["lo"] <= row["value"] <= row["hi"]
+    # the pipeline's layout: per model, action and contrast, paired draws, the same values
+    study = swrb_study_table(
+        {"m": {name: {"rag-4k": path} for name, path in out.items()}},
+        contrasts=[["snapkv-half", "recent-half"]],
+        windows=[2],
+        draws=200,
+    )
+    assert set(study["stratum"]) == {"pooled", "rag-4k"}
+    pooled = study.filter(pl.col("stratum") == "pooled")
+    r_smc = pooled.filter((pl.col("action") == "recent-half") & (pl.col("estimand") == "R_smc"))
+    assert r_smc["value"].item() == pytest.approx(row["value"])
+    assert r_smc["n_docs"].item() == 2 and r_smc["n_paths"].item() == 12
+    other = record_arrays(read_swrb_records(out["snapkv-half"]))
+    o_h = {
+        name: survival_weights(a["e"])[1].mean() / 6
+        for name, a in (("recent-half", arrays), ("snapkv-half", other))
+    }
+    diff = pooled.filter(
+        (pl.col("contrast") == "snapkv-half - recent-half") & (pl.col("estimand") == "O_H")
+    )
+    assert diff["value"].item() == pytest.approx(o_h["snapkv-half"] - o_h["recent-half"])
+    assert diff["ci_low"].item() <= diff["value"].item() <= diff["ci_high"].item()
+    assert diff["n_paths"].item() == 24 and set(pooled["draws_dropped"]) <= set(range(201))
+    assert {"Z_L@2", "W_L@2", "div_cdf@6", "mean_entry_time"} <= set(pooled["estimand"])

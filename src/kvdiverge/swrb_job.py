@@ -19,7 +19,7 @@ import torch
 
 from kvdiverge.eviction import ActionSpec, parse_action, run_prefill
 from kvdiverge.rollout_job import select_job_documents
-from kvdiverge.swrb_records import swrb_frame, write_swrb_records
+from kvdiverge.swrb_records import SWRB_METADATA_KEYS, swrb_frame, write_swrb_records
 from kvdiverge.swrb_rollout import SwrbRollout, swrb_rollout_document
 
 __all__ = ["run_swrb_job", "swrb_documents_actions"]
@@ -75,26 +75,38 @@ def run_swrb_job(
     H: int,
     seed: int,
     device: str = "auto",
+    metadata: Mapping[str, Any] | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Run a job and write one SWRB record file per action (metadata as the trajectory files':
     model, action, H, K (cohort → K), seed, ``coupling: swrb``, dtype, device, n_documents).
 
-    ``model``: ``path`` (a local folder) and optionally ``name``, ``dtype``, ``revision``;
-    ``out_paths``, ``actions`` (spec dicts) and ``cohorts`` are keyed by action name.
+    ``model``: ``path`` (a local folder) and optionally ``name``, ``dtype``, ``revision``,
+    ``trust_remote_code``;
+    ``out_paths``, ``actions`` (spec dicts) and ``cohorts`` are keyed by action name;
+    ``metadata``: extra keys for every file (the pipeline's ``lock`` hash, README
+    "Prespecification"); they may not replace the keys above.
     """
+    extra = dict(metadata or {})
+    clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "eos_ids"})
+    if clash:
+        raise ValueError(f"metadata: key(s) {', '.join(clash)} are set by the job")
     from kvdiverge.models import eos_token_ids, load_model, load_tokenizer
 
     specs = {name: parse_action(spec, name=name) for name, spec in actions.items()}
     for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
         if set(given) != set(specs):
             raise ValueError(f"{field}: expected one entry per action ({', '.join(specs)})")
-    tokenizer = load_tokenizer(model["path"], revision=model.get("revision"))
+    trust = bool(model.get("trust_remote_code", False))
+    tokenizer = load_tokenizer(
+        model["path"], trust_remote_code=trust, revision=model.get("revision")
+    )
     documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
     lm = load_model(
         model["path"],
         device=device,
         dtype=model.get("dtype", "auto"),
         revision=model.get("revision"),
+        trust_remote_code=trust,
     )
     eos = eos_token_ids(lm, tokenizer)
     frames = swrb_documents_actions(lm, tokenizer, documents, list(specs.values()), eos, H, seed)
@@ -114,6 +126,7 @@ def run_swrb_job(
                 "device": str(lm.device),
                 "eos_ids": list(eos),
                 "n_documents": frame["doc_id"].n_unique(),
+                **extra,
             },
         )
     return frames

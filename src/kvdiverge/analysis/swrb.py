@@ -33,12 +33,19 @@ from kvdiverge.analysis.bootstrap import (
 from kvdiverge.swrb_rollout import survival_weights
 
 __all__ = [
+    "SwrbTableError",
     "document_means",
     "estimates_from_records",
     "naive_replicate_values",
+    "record_document_means",
     "swrb_estimates",
     "swrb_replicate_values",
+    "swrb_study_table",
 ]
+
+
+class SwrbTableError(ValueError):
+    """The record files of a study cannot make its SWRB table; one line naming the file."""
 
 
 def _window_terms(
@@ -182,3 +189,110 @@ def estimates_from_records(
                 )
             )
     return pl.concat(tables)
+
+
+def record_document_means(path: str | os.PathLike, windows: Sequence[int] = ()) -> pl.DataFrame:
+    """:func:`document_means` of one SWRB record file (read and checked), with ``n_replicates``
+    per document."""
+    from kvdiverge.swrb_records import read_swrb_records, record_arrays
+
+    a = record_arrays(read_swrb_records(path))
+    if a["doc_id"].size == 0:
+        raise SwrbTableError(f"{path}: no SWRB records")
+    mismatch = a["x_token"] != a["y_token"]
+    values = swrb_replicate_values(a["e"], a["J"].astype(np.int64), mismatch, windows)
+    return document_means(values, a["doc_id"])
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def swrb_study_table(
+    files: Mapping[str, Mapping[str, Mapping[str, str | os.PathLike]]],
+    contrasts: Sequence[Sequence[str]] = (),
+    windows: Sequence[int] = (),
+    draws: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> pl.DataFrame:
+    """One study's SWRB estimands in the layout of ``estimands.csv`` (module docstring).
+
+    ``files``: model → action → stratum → record file (every action of a model over the same
+    documents: the bootstrap pairs them). Per model, documents are ordered by (stratum, doc_id)
+    and resampled within strata (:func:`kvdiverge.analysis.bootstrap.stratified_bootstrap_weights`
+    seeded by ``seed``; the draws of a stratum's rows are the same draws restricted to it). Rows:
+    per action (``contrast`` empty) and per contrast ``b - a`` of ``contrasts`` [b, a]
+    (``action`` empty), stratum ``pooled`` and each stratum, every statistic of
+    :func:`swrb_replicate_values` (``Z_L@L``, ``W_L@L`` for each L of ``windows``) and
+    ``mean_entry_time``; ``n_docs``, ``n_paths`` (replicates; both sides' for a contrast) and
+    ``draws_dropped`` (draws where a ratio is undefined, left out of the interval).
+    """
+    from kvdiverge.analysis.estimands import ESTIMAND_COLUMNS
+
+    frames = []
+    for model, by_action in files.items():
+        actions = list(by_action)
+        for b, a in contrasts:
+            if b not in by_action or a not in by_action:
+                raise SwrbTableError(
+                    f"model {model}: contrast {b} - {a} names an action without records"
+                )
+        means: dict[str, pl.DataFrame] = {}
+        for action, by_stratum in by_action.items():
+            parts = [
+                record_document_means(path, windows).with_columns(stratum=pl.lit(stratum))
+                for stratum, path in by_stratum.items()
+            ]
+            means[action] = pl.concat(parts).sort("stratum", "doc_id")
+        reference = means[actions[0]].select("stratum", "doc_id")
+        for action, frame in means.items():
+            if not frame.select("stratum", "doc_id").equals(reference):
+                first = next(iter(by_action[action].values()))
+                raise SwrbTableError(
+                    f"{first}: model {model}, action {action}: its documents differ from action "
+                    f"{actions[0]}'s; the paired bootstrap needs the same documents"
+                )
+        skip = ("doc_id", "n_replicates", "stratum")
+        stats = [c for c in means[actions[0]].columns if c not in skip]
+        labels = reference["stratum"].to_numpy()
+        boot = stratified_bootstrap_weights(labels, draws, np.random.SeedSequence(seed))
+        weights = np.vstack([np.ones((1, labels.size)), boot])  # row 0: the point estimate
+        i_num, i_den = stats.index("entry_moment"), stats.index("div_prob")
+        names = [*stats, "mean_entry_time"]
+        for stratum in [None, *sorted(set(labels))]:
+            cols = np.ones(labels.size, bool) if stratum is None else labels == stratum
+            w = weights[:, cols]
+            cube = {}  # action → (draws + 1, estimands)
+            for action, frame in means.items():
+                m = resampled_means(w, frame.select(stats).to_numpy()[cols])
+                cube[action] = np.column_stack([m, _ratio(m[:, i_num], m[:, i_den])])
+            paths = {a: int(f["n_replicates"].to_numpy()[cols].sum()) for a, f in means.items()}
+            units = [(a, "", cube[a], paths[a]) for a in actions]
+            units += [
+                ("", f"{b} - {a}", cube[b] - cube[a], paths[b] + paths[a]) for b, a in contrasts
+            ]
+            for action, contrast, values, n_paths in units:
+                lo, hi = percentile_interval(values[1:], level)
+                frames.append(
+                    pl.DataFrame(
+                        {
+                            "model": model,
+                            "action": action,
+                            "contrast": contrast,
+                            "stratum": "pooled" if stratum is None else stratum,
+                            "estimand": names,
+                            "value": values[0],
+                            "ci_low": lo,
+                            "ci_high": hi,
+                            "ci_level": float(level),
+                            "n_docs": int(cols.sum()),
+                            "n_paths": n_paths,
+                            "draws_dropped": (~np.isfinite(values[1:])).sum(0).astype(np.int64),
+                        }
+                    )
+                )
+    if not frames:
+        raise SwrbTableError("no SWRB record files")
+    return pl.concat(frames).select(ESTIMAND_COLUMNS)
