@@ -19,8 +19,10 @@ from kvdiverge.analysis.prespecification import (
     check_lock,
     evaluation_cohorts,
     first_difference,
+    make_amendment,
     make_lock,
     prespecified,
+    prespecified_group,
     read_lock,
     write_lock,
 )
@@ -143,6 +145,118 @@ def test_check_lock_names_the_changed_field_or_the_file(tmp_path):
         check_lock(path, _spec(_config()), stale)
     with pytest.raises(PrespecificationError, match=r"^a\.parquet: rolled out under no lock"):
         check_lock(path, _spec(_config()), {"a.parquet": {}})
+
+
+# ---- rollout groups: the study lock covers the first, each later group an amendment ------------
+def _actions(config: dict) -> dict:
+    actions = config["actions"]
+    return {name: parse_action(spec, name=name).as_dict() for name, spec in actions.items()}
+
+
+def _grouped(config: dict, **groups: list[str]) -> dict:
+    """Study 2 with ``groups`` (set after validation: the defaults are filled already)."""
+    study = config["studies"]["study2"]
+    study["actions"] = [a for members in groups.values() for a in members]
+    study["groups"] = groups
+    return config
+
+
+def test_appending_a_group_leaves_the_study_lock_and_earlier_amendments_alone():
+    """The first group's lock is the study lock, the same as that of a config without the later
+    groups (and without `groups`); each later group's amendment holds the locked K, its actions
+    and their family endpoints, and does not change when a group is appended after it."""
+    alone = _config()
+    alone["studies"]["study2"]["actions"] = ["snapkv-90", "full"]
+    before = make_lock(_spec(alone), PLAN)
+    config = _grouped(_config(), main=["snapkv-90", "full"], extra=["recent-90"])
+    lock = make_lock(_spec(config), PLAN)
+    assert lock == before
+    assert list(lock["design"]["actions"]) == ["snapkv-90", "full"]
+    assert {e["action"] for e in lock["endpoints"]["family"]} == {"snapkv-90"}
+    spec = prespecified_group(config, "study2", "extra", _actions(config))
+    amendment = make_amendment(spec, lock)
+    assert amendment["study_lock"] == lock["hash"] and amendment["group"] == "extra"
+    assert amendment["design"]["K"] == lock["design"]["K"] == PLAN["K_planned"]
+    assert list(amendment["design"]["actions"]) == ["recent-90"]
+    assert amendment["endpoints"]["family"] == [
+        {"model": "smollm2", "action": "recent-90", "estimand": e}
+        for e in ("S_99", "branch_contrast_B")
+    ]
+    assert {k: v for k, v in amendment["endpoints"].items() if k != "family"} == {
+        k: v for k, v in lock["endpoints"].items() if k != "family"
+    }
+    assert evaluation_cohorts(amendment) == {"recent-90": {"study2": PLAN["K_planned"]}}
+    # a third group appended: the study lock and the first amendment stay as they were
+    config["actions"]["recent-80"] = {"selector": "recent", "budget": 0.8}
+    config = _grouped(config, main=["snapkv-90", "full"], extra=["recent-90"], more=["recent-80"])
+    assert make_lock(_spec(config), PLAN) == lock
+    spec = prespecified_group(config, "study2", "extra", _actions(config))
+    assert make_amendment(spec, lock) == amendment
+    more = make_amendment(prespecified_group(config, "study2", "more", _actions(config)), lock)
+    assert more["hash"] != amendment["hash"] and list(more["design"]["actions"]) == ["recent-80"]
+    # the default: one group holding every action, whose lock covers them all
+    assert list(make_lock(_spec(_config()), PLAN)["design"]["actions"]) == [
+        "snapkv-90",
+        "recent-90",
+        "full",
+    ]
+    with pytest.raises(PrespecificationError, match=r"no later rollout group 'main' \(later"):
+        prespecified_group(config, "study2", "main", _actions(config))
+    with pytest.raises(PrespecificationError, match="no later rollout group 'nope'"):
+        prespecified_group(config, "study2", "nope", _actions(config))
+
+
+def test_check_lock_checks_every_amendment_and_each_file_against_its_group(tmp_path):
+    config = _grouped(_config(), main=["snapkv-90", "full"], extra=["recent-90"])
+    lock = make_lock(_spec(config), PLAN)
+    path, extra = tmp_path / "lock.json", tmp_path / "locks" / "extra.json"
+    write_lock(lock, path)
+    spec = prespecified_group(config, "study2", "extra", _actions(config))
+    amendment = make_amendment(spec, lock)
+    extra.parent.mkdir()
+    write_lock(amendment, extra)
+    assert read_lock(extra) == amendment
+
+    def amendments(cfg: dict) -> dict:
+        return {"extra": (extra, prespecified_group(cfg, "study2", "extra", _actions(cfg)))}
+
+    files = {
+        "snapkv.parquet": {"lock": lock["hash"], "action": {"name": "snapkv-90"}},
+        "full.parquet": {"lock": lock["hash"], "action": {"name": "full"}},
+        "recent.parquet": {"lock": amendment["hash"], "action": {"name": "recent-90"}},
+    }
+    assert check_lock(path, _spec(config), files, amendments(config)) == lock
+    # a file of the later group rolled out under the study lock, and the other way round
+    for name, wrong, owner in (
+        ("recent.parquet", lock["hash"], extra),
+        ("snapkv.parquet", amendment["hash"], path),
+    ):
+        stale = {**files, name: {**files[name], "lock": wrong}}
+        with pytest.raises(PrespecificationError) as info:
+            check_lock(path, _spec(config), stale, amendments(config))
+        message = str(info.value)
+        assert "\n" not in message
+        assert message.startswith(f"{name}: rolled out under lock {wrong}, but its lock {owner}")
+    # an edited action of the later group: the amendment no longer holds, the lock still does
+    config["actions"]["recent-90"]["budget"] = 0.8
+    with pytest.raises(PrespecificationError) as info:
+        check_lock(path, _spec(config), files, amendments(config))
+    assert str(info.value).startswith(
+        f"{extra}: the config no longer matches the lock (design.actions.recent-90.budget: "
+        "locked 0.9, now 0.8)"
+    )
+    # a re-locked study (another K): the amendment names the study lock it was written under
+    config["actions"]["recent-90"]["budget"] = 0.9
+    relocked = make_lock(_spec(config), {**PLAN, "K_planned": 6})
+    write_lock(relocked, path)
+    with pytest.raises(PrespecificationError, match=r"extra\.json: the config no longer matches "):
+        check_lock(path, _spec(config), {}, amendments(config))
+    # an amendment edited by hand is refused when read
+    edited = json.loads(extra.read_text())
+    edited["design"]["K"] = 1
+    extra.write_text(json.dumps(edited))
+    with pytest.raises(PrespecificationError, match="does not match its hash"):
+        read_lock(extra)
 
 
 def test_first_difference_walks_mappings_and_lists():

@@ -10,12 +10,12 @@ parse time (``workflow/rules/common.smk``) and raises :class:`ConfigError` with 
 * :func:`validate_config`: kinds and ranges of every value (an integer field takes no ``4.0``
   and no ``true``), schema defaults filled in;
 * :func:`check_references`: every name that points at something else (actions, models, the
-  studies' cohorts and controls, contrasts, prediction pairs, figure contrasts, family
-  estimands, the length tokenizer) and every combination that would fail later (the analysis
-  clock against ``rollout.H``, the generation reserve against H, the actions' budgets against
-  the strata's prompt lengths, the development documents and replicates prediction and
-  planning need, a family size of at least the family's endpoints, the finite-state study's
-  EOS token and figure systems);
+  studies' cohorts, controls and rollout groups, contrasts, prediction pairs, figure
+  contrasts, family estimands, the length tokenizer) and every combination that would fail
+  later (the analysis clock against ``rollout.H``, the generation reserve against H, the
+  actions' budgets against the strata's prompt lengths, the development documents and
+  replicates prediction and planning need, a family size of at least the family's
+  endpoints, the finite-state study's EOS token and figure systems);
 * :func:`check_config`: all of the above, in that order.
 """
 
@@ -32,11 +32,13 @@ import yaml
 
 __all__ = [
     "ConfigError",
+    "action_groups",
     "check_config",
     "check_generation_reserve",
     "check_references",
     "load_schema",
     "load_yaml_strict",
+    "study_groups",
     "validate_config",
 ]
 
@@ -288,6 +290,69 @@ def _study_cohort(study: str, spec: Mapping[str, Any]) -> str:
     return spec.get("cohort", study)
 
 
+FIRST_GROUP = "main"
+"""The name of a study's one rollout group when its config lists no ``groups``."""
+
+
+def study_groups(config: Mapping[str, Any], study: str) -> dict[str, list[str]]:
+    """The study's rollout groups in config order, group name → its actions (in the study's
+    action order): ``studies.<study>.groups``, else one group :data:`FIRST_GROUP` holding every
+    action. Each group's actions run in one evaluation job per model and stratum; the first
+    group's development rollouts plan the study's K and its lock is the study's lock (README
+    "Compare your own method")."""
+    spec = config["studies"][study]
+    groups = spec.get("groups") or {FIRST_GROUP: list(spec["actions"])}
+    return {
+        group: [a for a in spec["actions"] if a in members] for group, members in groups.items()
+    }
+
+
+def action_groups(config: Mapping[str, Any], study: str) -> dict[str, str]:
+    """The group of each of the study's actions (:func:`study_groups`), by action name."""
+    return {a: g for g, members in study_groups(config, study).items() for a in members}
+
+
+def _check_groups(where: str, spec: Mapping[str, Any], control: str) -> None:
+    """A study's ``groups`` split its actions: every action in exactly one group, the control
+    and at least one other action in the first (whose development rollouts plan K)."""
+    groups = spec.get("groups") or {}
+    if not groups:
+        return
+    seen: dict[str, str] = {}
+    for group, members in groups.items():
+        if not members:
+            raise ConfigError(f"{where}.groups.{group}: an empty group; expected its actions")
+        for name in members:
+            if name not in spec["actions"]:
+                raise ConfigError(
+                    f"{where}.groups.{group}: {name!r} is not one of the study's actions "
+                    f"({_names(spec['actions'])})"
+                )
+            if name in seen:
+                raise ConfigError(
+                    f"{where}.groups.{group}: {name!r} is already in group {seen[name]!r}; an "
+                    "action belongs to one group"
+                )
+            seen[name] = group
+    missing = [a for a in spec["actions"] if a not in seen]
+    if missing:
+        raise ConfigError(
+            f"{where}.groups: action(s) {_names(missing)} in no group; expected every action of "
+            "the study in one group"
+        )
+    first, members = next(iter(groups.items()))
+    if seen[control] != first:
+        raise ConfigError(
+            f"{where}.groups.{seen[control]}: holds the control {control!r}, which belongs in "
+            f"the first group {first!r} (its development rollouts plan the study's K)"
+        )
+    if not [a for a in members if a != control]:
+        raise ConfigError(
+            f"{where}.groups.{first}: expected at least one action besides the control "
+            f"{control!r} (the first group's development rollouts plan the study's K)"
+        )
+
+
 def _check_studies(config: Mapping[str, Any], actions: Mapping[str, Any]) -> None:
     cohorts = config.get("datasets", {}).get("cohorts", {})
     for study, spec in config.get("studies", {}).items():
@@ -316,6 +381,7 @@ def _check_studies(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
             raise ConfigError(
                 f"{where}.actions: expected at least one action besides the control {control!r}"
             )
+        _check_groups(where, spec, control)
         cohort = _study_cohort(study, spec)
         field = f"{where}.cohort" if "cohort" in spec else f"{where} (its cohort is its name)"
         if cohort == "dev":
@@ -404,6 +470,15 @@ def _check_analysis_references(config: Mapping[str, Any]) -> None:
         if not pair:
             continue
         _check_pair(config, f"config.analysis.prediction.pairs.{study}", study, pair)
+        groups = study_groups(config, study)
+        first = next(iter(groups))
+        for action in pair:
+            if action not in groups[first]:
+                raise ConfigError(
+                    f"config.analysis.prediction.pairs.{study}: {action!r} is in rollout group "
+                    f"{action_groups(config, study)[action]!r}, but prediction is fitted on the "
+                    f"development rollouts, which only the first group ({first!r}) runs"
+                )
         if dev * n_strata < 2:
             raise ConfigError(
                 f"config.datasets.cohorts.dev: prediction (config.analysis.prediction.pairs."

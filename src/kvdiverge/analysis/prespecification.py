@@ -17,10 +17,30 @@ before the first evaluation rollout of the study starts. It records:
 * ``hash``: the first 16 hex digits of the SHA-256 of the canonical JSON (sorted keys) of the
   other fields.
 
-Every evaluation trajectory file carries the hash in its metadata key ``lock``. The estimands
-step checks, before any work (:func:`check_lock`), that the lock the current config implies
-(with the locked plan) is the lock on disk, and that every evaluation trajectory file was
-rolled out under it; either failure is one line naming the changed field or the file.
+A study whose actions are split into rollout groups (``studies.<study>.groups``,
+:func:`kvdiverge.config.study_groups`) plans K from the FIRST group's development rollouts
+alone, and its lock covers the first group: ``design.actions`` are that group's actions and
+``endpoints.family`` the endpoints among them (with one group, the default, that is every
+action). Each later group gets an amendment (``results/{study}/locks/{group}.json``,
+:func:`make_amendment`), written before its evaluation rollouts, with the fields:
+
+* ``study``, ``group``, and ``study_lock``: the study lock's hash;
+* ``design``: the group's actions with every parameter, the control and ``K_control``, the
+  cohort, and the study lock's resolved ``K`` (so K is never re-planned for a later group);
+* ``endpoints``: for a study with a family, the family entries of the group's actions, with
+  the same settings as the study lock's (``None`` for an exploratory study);
+* ``hash``: as for a lock, over the other fields.
+
+An endpoint belongs to the latest group, in config order, among the groups of its actions (a
+family endpoint names one action, so it belongs to that action's group): appending a group
+never changes the study lock or an earlier amendment, within the family size ``m`` that the
+config fixes beforehand (at least the number of endpoints, checked at parse time).
+
+Every evaluation trajectory file carries the hash of its group's lock (the study lock for the
+first group, the amendment otherwise) in its metadata key ``lock``. The estimands step checks,
+before any work (:func:`check_lock`), that the lock and every amendment the current config
+implies (with the locked plan) are those on disk, and that every evaluation trajectory file was
+rolled out under its group's; either failure is one line naming the changed field or the file.
 """
 
 from __future__ import annotations
@@ -34,20 +54,26 @@ from typing import Any
 from kvdiverge.io import atomic_write_text
 
 __all__ = [
+    "AMENDMENT_FIELDS",
     "LOCK_FIELDS",
     "PrespecificationError",
     "check_lock",
     "evaluation_cohorts",
     "first_difference",
     "lock_hash",
+    "make_amendment",
     "make_lock",
     "prespecified",
+    "prespecified_group",
     "read_lock",
     "write_lock",
 ]
 
 LOCK_FIELDS = ("study", "design", "endpoints", "plan")
 """The hashed fields of a lock, besides ``hash`` itself."""
+
+AMENDMENT_FIELDS = ("study", "group", "study_lock", "design", "endpoints")
+"""The hashed fields of a later group's amendment, besides ``hash`` itself."""
 
 _RERUN = (
     "rerun the workflow to re-lock and roll out the evaluation cohort again "
@@ -59,6 +85,30 @@ class PrespecificationError(ValueError):
     """A lock is unreadable, or no longer matches the config or the trajectories; one line."""
 
 
+def _endpoints(config: Mapping[str, Any], study: str, compared: Sequence[str]) -> Any:
+    """The family endpoints of the non-control actions ``compared`` with their settings, or
+    ``None`` for an exploratory study (``family_endpoints`` = 1)."""
+    spec = config["studies"][study]
+    analysis = config["analysis"]
+    m = spec.get("family_endpoints", 1)
+    if m <= 1:
+        return None
+    return {
+        "family_size": m,
+        "alpha": analysis["alpha"],
+        "level": 1 - analysis["alpha"] / m,
+        "estimands": list(analysis["family_estimands"]),
+        "family": [
+            {"model": model, "action": action, "estimand": estimand}
+            for model in config["models"]
+            for action in compared
+            for estimand in analysis["family_estimands"]
+        ],
+        "clock": dict(analysis["clock"]),
+        "bootstrap_draws": spec["bootstrap_draws"],
+    }
+
+
 def prespecified(
     config: Mapping[str, Any],
     study: str,
@@ -66,19 +116,21 @@ def prespecified(
     actions: Mapping[str, Mapping[str, Any]],
 ) -> dict[str, Any]:
     """What the config fixes for ``study`` before its evaluation rollouts (module docstring):
-    ``study``, ``design`` (with the config's ``K`` setting) and ``endpoints`` (or ``None``).
+    ``study``, ``design`` (with the config's ``K`` setting) and ``endpoints`` (or ``None``), of
+    the study's first rollout group (every action, without ``groups``).
 
     ``config``: a validated config (defaults filled); ``strata``: the stratum names;
     ``actions``: every action's full spec by name (``ActionSpec.as_dict``).
     """
+    from kvdiverge.config import study_groups
+
     spec = config["studies"][study]
     control = spec.get("control", "full")
     cohort = spec.get("cohort", study)
-    analysis = config["analysis"]
-    compared = [a for a in spec["actions"] if a != control]
+    first = next(iter(study_groups(config, study).values()))
     design = {
         "models": list(config["models"]),
-        "actions": {name: dict(actions[name]) for name in spec["actions"]},
+        "actions": {name: dict(actions[name]) for name in first},
         "control": control,
         "K_control": spec["K_control"],
         "cohort": cohort,
@@ -89,29 +141,49 @@ def prespecified(
         "seed": config["seed"],
         "coupling": config["rollout"]["coupling"],
     }
-    m = spec.get("family_endpoints", 1)
-    endpoints = None
-    if m > 1:
-        endpoints = {
-            "family_size": m,
-            "alpha": analysis["alpha"],
-            "level": 1 - analysis["alpha"] / m,
-            "estimands": list(analysis["family_estimands"]),
-            "family": [
-                {"model": model, "action": action, "estimand": estimand}
-                for model in config["models"]
-                for action in compared
-                for estimand in analysis["family_estimands"]
-            ],
-            "clock": dict(analysis["clock"]),
-            "bootstrap_draws": spec["bootstrap_draws"],
-        }
+    endpoints = _endpoints(config, study, [a for a in first if a != control])
     return {"study": study, "design": design, "endpoints": endpoints}
 
 
+def prespecified_group(
+    config: Mapping[str, Any],
+    study: str,
+    group: str,
+    actions: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any]:
+    """What the config fixes for a later rollout ``group`` of ``study`` (not the first, whose
+    content is :func:`prespecified`): ``study``, ``group``, ``design`` (the group's actions,
+    the control, ``K_control`` and the cohort) and the ``endpoints`` of its actions (or
+    ``None``); :func:`make_amendment` adds the study lock's hash and K.
+
+    ``actions``: every action's full spec by name (``ActionSpec.as_dict``).
+    """
+    from kvdiverge.config import study_groups
+
+    groups = study_groups(config, study)
+    if group not in groups or group == next(iter(groups)):
+        later = [g for g in groups if g != next(iter(groups))]
+        raise PrespecificationError(
+            f"config.studies.{study}.groups: no later rollout group {group!r} (later groups: "
+            f"{', '.join(later) or 'none'}); the first group's lock is the study's"
+        )
+    spec = config["studies"][study]
+    control = spec.get("control", "full")
+    design = {
+        "actions": {name: dict(actions[name]) for name in groups[group]},
+        "control": control,
+        "K_control": spec["K_control"],
+        "cohort": spec.get("cohort", study),
+    }
+    endpoints = _endpoints(config, study, [a for a in groups[group] if a != control])
+    return {"study": study, "group": group, "design": design, "endpoints": endpoints}
+
+
 def lock_hash(lock: Mapping[str, Any]) -> str:
-    """SHA-256 (first 16 hex digits) of the canonical JSON of the lock's :data:`LOCK_FIELDS`."""
-    content = {k: lock[k] for k in LOCK_FIELDS}
+    """SHA-256 (first 16 hex digits) of the canonical JSON of the lock's :data:`LOCK_FIELDS`
+    (an amendment's :data:`AMENDMENT_FIELDS`: a lock with a ``group``)."""
+    fields = AMENDMENT_FIELDS if "group" in lock else LOCK_FIELDS
+    content = {k: lock[k] for k in fields}
     text = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -147,14 +219,33 @@ def make_lock(spec: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any
     return {**lock, "hash": lock_hash(lock)}
 
 
+def make_amendment(spec: Mapping[str, Any], study_lock: Mapping[str, Any]) -> dict[str, Any]:
+    """The amendment of a later group: its :func:`prespecified_group` ``spec`` with the study
+    lock's hash and resolved K (module docstring)."""
+    if spec["study"] != study_lock["study"]:
+        raise PrespecificationError(
+            f"group {spec['group']!r} of study {spec['study']!r}: the study lock given is "
+            f"study {study_lock['study']!r}'s"
+        )
+    lock = {
+        "study": spec["study"],
+        "group": spec["group"],
+        "study_lock": study_lock["hash"],
+        "design": {**spec["design"], "K": study_lock["design"]["K"]},
+        "endpoints": spec["endpoints"],
+    }
+    lock = json.loads(json.dumps(lock, allow_nan=False))
+    return {**lock, "hash": lock_hash(lock)}
+
+
 def write_lock(lock: Mapping[str, Any], path: str | os.PathLike) -> None:
-    """Write a lock atomically as indented JSON."""
+    """Write a lock (or an amendment) atomically as indented JSON."""
     atomic_write_text(path, json.dumps(lock, indent=2, sort_keys=True) + "\n")
 
 
 def read_lock(path: str | os.PathLike) -> dict[str, Any]:
-    """A lock read back and checked: every field present and the hash that of its content (a
-    lock edited by hand is refused)."""
+    """A lock (or an amendment: a lock with a ``group``) read back and checked: every field
+    present and the hash that of its content (a lock edited by hand is refused)."""
     try:
         lock = json.loads(open(path, encoding="utf-8").read())
     except (OSError, json.JSONDecodeError) as exc:
@@ -162,7 +253,8 @@ def read_lock(path: str | os.PathLike) -> dict[str, Any]:
         raise PrespecificationError(f"{path}: not a readable lock ({reason})") from exc
     if not isinstance(lock, dict):
         raise PrespecificationError(f"{path}: not a lock (expected a JSON object)")
-    missing = [k for k in (*LOCK_FIELDS, "hash") if k not in lock]
+    fields = AMENDMENT_FIELDS if "group" in lock else LOCK_FIELDS
+    missing = [k for k in (*fields, "hash") if k not in lock]
     if missing:
         raise PrespecificationError(f"{path}: lock lacks field(s) {', '.join(missing)}")
     if lock_hash(lock) != lock["hash"]:
@@ -213,35 +305,54 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_lock(
-    path: str | os.PathLike,
-    spec: Mapping[str, Any],
-    trajectories: Mapping[str, Mapping[str, Any]],
-) -> dict[str, Any]:
-    """Refuse, in one line, an analysis whose lock no longer holds; return the lock.
-
-    ``path``: the study's lock; ``spec``: :func:`prespecified` of the current config;
-    ``trajectories``: the metadata of every evaluation trajectory file, by path. Checks that the
-    lock the config implies with the locked plan is the lock at ``path`` (else names the first
-    changed field, locked and now), then that every file carries that lock's hash.
-    """
-    lock = read_lock(path)
-    now = make_lock(spec, lock["plan"])
+def _check_unchanged(
+    path: str | os.PathLike, lock: Mapping[str, Any], now: Mapping[str, Any], fields: Sequence[str]
+) -> None:
     if now["hash"] != lock["hash"]:
-        changed = first_difference(
-            {k: lock[k] for k in LOCK_FIELDS}, {k: now[k] for k in LOCK_FIELDS}
-        )
+        changed = first_difference({k: lock[k] for k in fields}, {k: now[k] for k in fields})
         field, locked, current = changed if changed else ("hash", lock["hash"], now["hash"])
         raise PrespecificationError(
             f"{path}: the config no longer matches the lock ({field}: locked {_short(locked)}, "
             f"now {_short(current)}); {_RERUN}"
         )
+
+
+def check_lock(
+    path: str | os.PathLike,
+    spec: Mapping[str, Any],
+    trajectories: Mapping[str, Mapping[str, Any]],
+    amendments: Mapping[str, tuple[str | os.PathLike, Mapping[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Refuse, in one line, an analysis whose lock no longer holds; return the lock.
+
+    ``path``: the study's lock; ``spec``: :func:`prespecified` of the current config;
+    ``trajectories``: the metadata of every evaluation trajectory file, by path;
+    ``amendments``: per later rollout group, the path of its amendment and its
+    :func:`prespecified_group` of the current config. Checks that the lock the config implies
+    with the locked plan is the lock at ``path`` and each amendment the one the config implies
+    with that lock (else names the first changed field, locked and now), then that every file
+    carries its group's hash (the group found from the action named in the file's metadata).
+    """
+    lock = read_lock(path)
+    _check_unchanged(path, lock, make_lock(spec, lock["plan"]), LOCK_FIELDS)
+    under = {name: (path, lock["hash"]) for name in lock["design"]["actions"]}
+    for group_path, group_spec in (amendments or {}).values():
+        amendment = read_lock(group_path)
+        if "group" not in amendment:
+            raise PrespecificationError(
+                f"{group_path}: not an amendment of group {group_spec['group']!r} (no group)"
+            )
+        now = make_amendment(group_spec, lock)
+        _check_unchanged(group_path, amendment, now, AMENDMENT_FIELDS)
+        under.update({name: (group_path, amendment["hash"]) for name in now["design"]["actions"]})
     for file, meta in trajectories.items():
         carried = meta.get("lock")
-        if carried != lock["hash"]:
-            under = f"lock {carried}" if carried else "no lock"
+        action = (meta.get("action") or {}).get("name")
+        lock_path, wanted = under.get(action, (path, lock["hash"]))
+        if carried != wanted:
+            carrier = f"lock {carried}" if carried else "no lock"
             raise PrespecificationError(
-                f"{file}: rolled out under {under}, but the study's lock {path} is "
-                f"{lock['hash']}; {_RERUN}"
+                f"{file}: rolled out under {carrier}, but its lock {lock_path} is {wanted}; "
+                f"{_RERUN}"
             )
     return lock
