@@ -1,4 +1,5 @@
-"""The paper configuration and the SLURM profile, resolved by dry runs (issue 6).
+"""The paper configuration, the SLURM profile and the output folder per config, resolved by dry
+runs (issues 6 and 17).
 
 configs/paper.yaml differs from config.yaml only in values; its models are replaced here by
 stand-in local folders (nothing is downloaded: a dry run loads no model; the folders pass the
@@ -56,6 +57,17 @@ def _expected_jobs() -> dict[str, int]:
     }
 
 
+def _planned_paths(text: str) -> list[str]:
+    """Every output and benchmark path of the jobs a dry run lists."""
+    lines = re.findall(r"^\s+(?:output|benchmark): (.*)$", text, re.M)
+    return [path for line in lines for path in line.split(", ")]
+
+
+def _outside(paths: list[str], folder: str) -> list[str]:
+    """The paths neither under ``folder`` nor under data/ (documents and models are shared)."""
+    return [p for p in paths if not p.startswith((f"{folder}/", "data/"))]
+
+
 def _paper_dry_run(tmp_path, *options: str):
     """``snakemake -n`` of configs/paper.yaml (stand-in model paths) with extra ``options``."""
     work = workflow_copy(tmp_path)
@@ -76,6 +88,10 @@ def test_paper_config_dry_run_lists_every_job(tmp_path):
     res = _paper_dry_run(tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert planned_jobs(res) == _expected_jobs()
+    paths = _planned_paths(res.stdout + res.stderr)
+    assert PAPER["output_dir"] == "results/paper"
+    assert "results/paper/study1/tables/estimands.csv" in paths
+    assert _outside(paths, "results/paper") == []
 
 
 @pytest.mark.slow
@@ -101,3 +117,22 @@ def test_slurm_profile_dry_run_resolves_gpu_resources(tmp_path):
         assert wanted["gpu"] >= 1
     others = [b for b in blocks if b.startswith("rule document_stats")]
     assert others and all("gpu=1" not in b for b in others)
+
+
+@pytest.mark.slow
+def test_output_dir_holds_every_result_and_benchmark(tmp_path):
+    """Another `output_dir` moves every job's outputs and benchmark records, and the targets of
+    `rule all`, under it: nothing is planned under results/."""
+    work = workflow_copy(tmp_path)
+    res = run_snakemake(work, "-n", "--config", "output_dir=runs/other")
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-3000:]
+    default = run_snakemake(work, "-n")
+    assert planned_jobs(res) == planned_jobs(default) != {}
+    paths = _planned_paths(text)
+    assert len(paths) == len(_planned_paths(default.stdout + default.stderr))
+    assert "runs/other/benchmarks/estimands/study1.tsv" in paths
+    assert "runs/other/study2/figures/fig5_divergence_cdf.png" in paths
+    assert _outside(paths, "runs/other") == []
+    rule_all = re.search(r"^(?:local)?rule all:\n    input: (.*)$", text, re.M).group(1).split(", ")
+    assert rule_all and _outside(rule_all, "runs/other") == []

@@ -6,7 +6,7 @@
 rule accuracy:
     input:
         trajectories=lambda w: expand(
-            "results/{study}/{model}/trajectories/{action}/{stratum}.parquet",
+            results("{study}/{model}/trajectories/{action}/{stratum}.parquet"),
             study=w.study,
             model=config["models"],
             action=study_compared_actions(w),
@@ -19,29 +19,29 @@ rule accuracy:
             model_path(m) for m in config["models"] if m in demo_models() + sourced_models()
         ],
     output:
-        csv="results/{study}/tables/accuracy.csv",
-        table_csv="results/{study}/tables/table_accuracy.csv",
-        table_md="results/{study}/tables/table_accuracy.md",
-        table_tex="results/{study}/tables/table_accuracy.tex",
+        csv=results("{study}/tables/accuracy.csv"),
+        table_csv=results("{study}/tables/table_accuracy.csv"),
+        table_md=results("{study}/tables/table_accuracy.md"),
+        table_tex=results("{study}/tables/table_accuracy.tex"),
         table_html=report(
-            "results/{study}/tables/table_accuracy.html",
+            results("{study}/tables/table_accuracy.html"),
             caption="../report/study_table_accuracy.rst",
             category="Language-model study",
             subcategory="Tables",
             labels={"study": "{study}", "table": "A: task accuracy by divergence timing"},
         ),
         png=report(
-            "results/{study}/figures/accuracy.png",
+            results("{study}/figures/accuracy.png"),
             caption="../report/study_accuracy.rst",
             category="Language-model study",
             subcategory="Figures",
             labels={"study": "{study}", "figure": "A: task accuracy by divergence timing"},
         ),
-        pdf="results/{study}/figures/accuracy.pdf",
+        pdf=results("{study}/figures/accuracy.pdf"),
     log:
         "logs/analysis/accuracy/{study}.log",
     benchmark:
-        "results/benchmarks/accuracy/{study}.tsv"
+        results("benchmarks/accuracy/{study}.tsv")
     wildcard_constraints:
         study="|".join(config["studies"]) or "no-study",
     conda:
@@ -58,7 +58,7 @@ rule accuracy:
         files=lambda w: {
             model: {
                 action: [
-                    f"results/{w.study}/{model}/trajectories/{action}/{s.name}.parquet"
+                    results(f"{w.study}/{model}/trajectories/{action}/{s.name}.parquet")
                     for s in DATASETS.strata
                 ]
                 for action in study_compared_actions(w)

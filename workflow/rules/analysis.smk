@@ -14,11 +14,11 @@ rule document_stats:
         ],
         documents=expand("data/documents/{stratum}.parquet", stratum=study_strata()),
     output:
-        "results/{study}/{model}/document_stats.parquet",
+        results("{study}/{model}/document_stats.parquet"),
     log:
         "logs/analysis/document_stats/{study}/{model}.log",
     benchmark:
-        "results/benchmarks/document_stats/{study}/{model}.tsv"
+        results("benchmarks/document_stats/{study}/{model}.tsv")
     wildcard_constraints:
         study="|".join(config["studies"]) or "no-study",
         model="|".join(config["models"]) or "no-model",
@@ -42,9 +42,11 @@ rule document_stats:
 rule estimands:
     input:
         stats=lambda w: expand(
-            "results/{study}/{model}/document_stats.parquet", study=w.study, model=config["models"]
+            results("{study}/{model}/document_stats.parquet"),
+            study=w.study,
+            model=config["models"],
         ),
-        lock="results/{study}/lock.json",
+        lock=results("{study}/lock.json"),
         trajectories=lambda w: [
             f
             for files in study_trajectory_files(w.study, config["models"], "evaluation").values()
@@ -52,17 +54,17 @@ rule estimands:
         ],
     output:
         csv=report(
-            "results/{study}/tables/estimands.csv",
+            results("{study}/tables/estimands.csv"),
             caption="../report/estimands.rst",
             category="Language-model study",
             subcategory="Data",
             labels={"study": "{study}", "table": "estimands (CSV)"},
         ),
-        md="results/{study}/tables/estimands.md",
+        md=results("{study}/tables/estimands.md"),
     log:
         "logs/analysis/estimands/{study}.log",
     benchmark:
-        "results/benchmarks/estimands/{study}.tsv"
+        results("benchmarks/estimands/{study}.tsv")
     wildcard_constraints:
         study="|".join(config["studies"]) or "no-study",
     conda:
@@ -86,11 +88,13 @@ rule estimands:
 rule prediction:
     input:
         stats=lambda w: expand(
-            "results/{study}/{model}/document_stats.parquet", study=w.study, model=config["models"]
+            results("{study}/{model}/document_stats.parquet"),
+            study=w.study,
+            model=config["models"],
         ),
     output:
         report(
-            "results/{study}/tables/prediction.csv",
+            results("{study}/tables/prediction.csv"),
             caption="../report/prediction.rst",
             category="Language-model study",
             subcategory="Data",
@@ -99,7 +103,7 @@ rule prediction:
     log:
         "logs/analysis/prediction/{study}.log",
     benchmark:
-        "results/benchmarks/prediction/{study}.tsv"
+        results("benchmarks/prediction/{study}.tsv")
     wildcard_constraints:
         study="|".join(config["studies"]) or "no-study",
     conda:
@@ -125,11 +129,11 @@ rule plan_sample_sizes:
             for f in files
         ],
     output:
-        "results/{study}/plan.json",
+        results("{study}/plan.json"),
     log:
         "logs/analysis/plan_sample_sizes/{study}.log",
     benchmark:
-        "results/benchmarks/plan_sample_sizes/{study}.tsv"
+        results("benchmarks/plan_sample_sizes/{study}.tsv")
     wildcard_constraints:
         study="|".join(config["studies"]) or "no-study",
     conda:
@@ -152,13 +156,13 @@ rule plan_sample_sizes:
 
 rule prespecify:
     input:
-        plan="results/{study}/plan.json",
+        plan=results("{study}/plan.json"),
     output:
-        "results/{study}/lock.json",
+        results("{study}/lock.json"),
     log:
         "logs/analysis/prespecify/{study}.log",
     benchmark:
-        "results/benchmarks/prespecify/{study}.tsv"
+        results("benchmarks/prespecify/{study}.tsv")
     wildcard_constraints:
         study="|".join(config["studies"]) or "no-study",
     conda:

@@ -17,6 +17,12 @@ check_config(
 check_configured_models(config)
 
 
+def results(path):
+    """``path`` under the config's output folder (`output_dir`, default `results`): every
+    result, benchmark record and the report of this workflow. `{wildcards}` stay as they are."""
+    return os.path.join(config["output_dir"], path)
+
+
 def script_code(script):
     """Params entry `code`: a fingerprint of every package module the rule's script reaches by
     import, found from the code (kvdiverge.provenance; docs/architecture.md, "Reruns")."""
@@ -33,22 +39,22 @@ def final_outputs():
     estimands, prediction, sample-size plan and lock, figures and tables (through every
     upstream job)."""
     out = [
-        "results/finite_state/systems.csv",
-        "results/finite_state/figures/estimators.png",
-        "results/finite_state/figures/identified_interval.png",
+        results("finite_state/systems.csv"),
+        results("finite_state/figures/estimators.png"),
+        results("finite_state/figures/identified_interval.png"),
     ]
     for study in config["studies"]:
         out += [
-            f"results/{study}/tables/estimands.csv",
-            f"results/{study}/plan.json",
-            f"results/{study}/lock.json",
+            results(f"{study}/tables/estimands.csv"),
+            results(f"{study}/plan.json"),
+            results(f"{study}/lock.json"),
         ]
         if config["analysis"]["prediction"]["pairs"].get(study):
-            out.append(f"results/{study}/tables/prediction.csv")
+            out.append(results(f"{study}/tables/prediction.csv"))
         out += [  # rule accuracy (workflow/rules/accuracy.smk) writes them together
-            f"results/{study}/tables/accuracy.csv",
-            f"results/{study}/tables/table_accuracy.html",
-            f"results/{study}/figures/accuracy.png",
+            results(f"{study}/tables/accuracy.csv"),
+            results(f"{study}/tables/table_accuracy.html"),
+            results(f"{study}/figures/accuracy.png"),
         ]
     return out + figures_and_tables_outputs()
 
@@ -157,7 +163,7 @@ def rollout_trajectories(study):
     """The study's trajectory files by action, with {model} and {stratum} left as
     wildcards: the outputs of rollout_<study>, one job per model and stratum."""
     return {
-        action: f"results/{study}/{{model}}/trajectories/{action}/{{stratum}}.parquet"
+        action: results(f"{study}/{{model}}/trajectories/{action}/{{stratum}}.parquet")
         for action in config["studies"][study]["actions"]
     }
 
@@ -187,7 +193,7 @@ def dev_rollout_trajectories(study):
     """The study's development trajectory files by action, with {model} and {stratum} left as
     wildcards: the outputs of dev_rollout_<study>."""
     return {
-        action: f"results/{study}/{{model}}/dev/trajectories/{action}/{{stratum}}.parquet"
+        action: results(f"{study}/{{model}}/dev/trajectories/{action}/{{stratum}}.parquet")
         for action in config["studies"][study]["actions"]
     }
 
@@ -217,7 +223,7 @@ def study_trajectory_files(study, models, stage):
     folder = "dev/trajectories" if stage == "dev" else "trajectories"
     return {
         action: [
-            f"results/{study}/{model}/{folder}/{action}/{stratum}.parquet"
+            results(f"{study}/{model}/{folder}/{action}/{stratum}.parquet")
             for model in models
             for stratum in study_strata()
         ]
@@ -268,9 +274,9 @@ def study_main_contrast(wildcards):
 
 def study_tables_inputs(wildcards):
     """estimands.csv, plus prediction.csv when the study has a prediction pair."""
-    inputs = {"estimands": f"results/{wildcards.study}/tables/estimands.csv"}
+    inputs = {"estimands": results(f"{wildcards.study}/tables/estimands.csv")}
     if config["analysis"]["prediction"]["pairs"].get(wildcards.study):
-        inputs["prediction"] = f"results/{wildcards.study}/tables/prediction.csv"
+        inputs["prediction"] = results(f"{wildcards.study}/tables/prediction.csv")
     return inputs
 
 
@@ -283,7 +289,7 @@ def figures_and_tables_outputs():
     """Figure 1, every study's figures 5 (pooled, and per stratum in the appendix), 6 and the
     decomposition (and figure 7 for a family study), Tables 1-4 in CSV, Markdown, LaTeX and
     HTML, and the estimands' typed Parquet copy and one-page summary."""
-    out = [f"results/theory/figures/fig1_introductory_example.{e}" for e in ("png", "pdf")]
+    out = [results(f"theory/figures/fig1_introductory_example.{e}") for e in ("png", "pdf")]
     for study in config["studies"]:
         names = [
             "fig5_divergence_cdf",
@@ -292,15 +298,15 @@ def figures_and_tables_outputs():
             "decomposition",
         ]
         names += ["fig7_branch_contrasts"] if study in family_studies() else []
-        out += [f"results/{study}/figures/{n}.{e}" for n in names for e in ("png", "pdf")]
+        out += [results(f"{study}/figures/{n}.{e}") for n in names for e in ("png", "pdf")]
         out += [
-            f"results/{study}/tables/table{i}.{e}"
+            results(f"{study}/tables/table{i}.{e}")
             for i in range(1, 5)
             for e in ("csv", "md", "tex", "html")
         ]
         out += [
-            f"results/{study}/tables/estimands.parquet",
-            f"results/{study}/tables/estimands_summary.md",
-            f"results/{study}/tables/estimands_summary.html",
+            results(f"{study}/tables/estimands.parquet"),
+            results(f"{study}/tables/estimands_summary.md"),
+            results(f"{study}/tables/estimands_summary.html"),
         ]
     return out

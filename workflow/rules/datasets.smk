@@ -9,7 +9,7 @@ rule materialize_documents:
     log:
         "logs/datasets/materialize_documents/{stratum}.log",
     benchmark:
-        "results/benchmarks/materialize_documents/{stratum}.tsv"
+        results("benchmarks/materialize_documents/{stratum}.tsv")
     wildcard_constraints:
         stratum="|".join(s.name for s in DATASETS.strata),
     conda:

@@ -6,17 +6,17 @@
 rule introductory_figure:
     output:
         png=report(
-            "results/theory/figures/fig1_introductory_example.png",
+            results("theory/figures/fig1_introductory_example.png"),
             caption="../report/introductory_example.rst",
             category="Theory",
             subcategory="Figures",
             labels={"figure": "1: occurrence versus occupation"},
         ),
-        pdf="results/theory/figures/fig1_introductory_example.pdf",
+        pdf=results("theory/figures/fig1_introductory_example.pdf"),
     log:
         "logs/figures/introductory_figure.log",
     benchmark:
-        "results/benchmarks/introductory_figure/introductory_figure.tsv"
+        results("benchmarks/introductory_figure/introductory_figure.tsv")
     localrule: True
     conda:
         "../../envs/analysis.yaml"
@@ -30,44 +30,44 @@ rule introductory_figure:
 
 rule study_figures:
     input:
-        estimands="results/{study}/tables/estimands.csv",
+        estimands=results("{study}/tables/estimands.csv"),
     output:
         fig5_divergence_cdf=report(
-            "results/{study}/figures/fig5_divergence_cdf.png",
+            results("{study}/figures/fig5_divergence_cdf.png"),
             caption="../report/study_divergence_cdf.rst",
             category="Language-model study",
             subcategory="Figures",
             labels={"study": "{study}", "figure": "5: divergence CDF, pooled"},
         ),
-        fig5_divergence_cdf_pdf="results/{study}/figures/fig5_divergence_cdf.pdf",
+        fig5_divergence_cdf_pdf=results("{study}/figures/fig5_divergence_cdf.pdf"),
         fig5_divergence_cdf_strata=report(
-            "results/{study}/figures/fig5_divergence_cdf_strata.png",
+            results("{study}/figures/fig5_divergence_cdf_strata.png"),
             caption="../report/study_divergence_cdf_strata.rst",
             category="Language-model study",
             subcategory="Appendix figures",
             labels={"study": "{study}", "figure": "5 (appendix): divergence CDF per stratum"},
         ),
-        fig5_divergence_cdf_strata_pdf="results/{study}/figures/fig5_divergence_cdf_strata.pdf",
+        fig5_divergence_cdf_strata_pdf=results("{study}/figures/fig5_divergence_cdf_strata.pdf"),
         fig6_tv_profiles=report(
-            "results/{study}/figures/fig6_tv_profiles.png",
+            results("{study}/figures/fig6_tv_profiles.png"),
             caption="../report/study_tv_profiles.rst",
             category="Language-model study",
             subcategory="Figures",
             labels={"study": "{study}", "figure": "6: TV profiles"},
         ),
-        fig6_tv_profiles_pdf="results/{study}/figures/fig6_tv_profiles.pdf",
+        fig6_tv_profiles_pdf=results("{study}/figures/fig6_tv_profiles.pdf"),
         decomposition=report(
-            "results/{study}/figures/decomposition.png",
+            results("{study}/figures/decomposition.png"),
             caption="../report/study_decomposition.rst",
             category="Language-model study",
             subcategory="Figures",
             labels={"study": "{study}", "figure": "D: gap decomposition"},
         ),
-        decomposition_pdf="results/{study}/figures/decomposition.pdf",
+        decomposition_pdf=results("{study}/figures/decomposition.pdf"),
     log:
         "logs/figures/study_figures/{study}.log",
     benchmark:
-        "results/benchmarks/study_figures/{study}.tsv"
+        results("benchmarks/study_figures/{study}.tsv")
     wildcard_constraints:
         study="|".join(config["studies"]) or "no-study",
     localrule: True
@@ -83,20 +83,20 @@ rule study_figures:
 
 rule study_branch_figure:
     input:
-        estimands="results/{study}/tables/estimands.csv",
+        estimands=results("{study}/tables/estimands.csv"),
     output:
         fig7_branch_contrasts=report(
-            "results/{study}/figures/fig7_branch_contrasts.png",
+            results("{study}/figures/fig7_branch_contrasts.png"),
             caption="../report/study_branch_contrasts.rst",
             category="Language-model study",
             subcategory="Figures",
             labels={"study": "{study}", "figure": "7: branch contrasts and saturation"},
         ),
-        fig7_branch_contrasts_pdf="results/{study}/figures/fig7_branch_contrasts.pdf",
+        fig7_branch_contrasts_pdf=results("{study}/figures/fig7_branch_contrasts.pdf"),
     log:
         "logs/figures/study_branch_figure/{study}.log",
     benchmark:
-        "results/benchmarks/study_branch_figure/{study}.tsv"
+        results("benchmarks/study_branch_figure/{study}.tsv")
     wildcard_constraints:
         study="|".join(family_studies()) or "no-family-study",
     localrule: True
@@ -114,50 +114,50 @@ rule study_tables:
     input:
         unpack(study_tables_inputs),
     output:
-        table1_csv="results/{study}/tables/table1.csv",
-        table1_md="results/{study}/tables/table1.md",
-        table1_tex="results/{study}/tables/table1.tex",
+        table1_csv=results("{study}/tables/table1.csv"),
+        table1_md=results("{study}/tables/table1.md"),
+        table1_tex=results("{study}/tables/table1.tex"),
         table1_html=report(
-            "results/{study}/tables/table1.html",
+            results("{study}/tables/table1.html"),
             caption="../report/study_table1.rst",
             category="Language-model study",
             subcategory="Tables",
             labels={"study": "{study}", "table": "1: timing and occupation"},
         ),
-        table2_csv="results/{study}/tables/table2.csv",
-        table2_md="results/{study}/tables/table2.md",
-        table2_tex="results/{study}/tables/table2.tex",
+        table2_csv=results("{study}/tables/table2.csv"),
+        table2_md=results("{study}/tables/table2.md"),
+        table2_tex=results("{study}/tables/table2.tex"),
         table2_html=report(
-            "results/{study}/tables/table2.html",
+            results("{study}/tables/table2.html"),
             caption="../report/study_table2.rst",
             category="Language-model study",
             subcategory="Tables",
             labels={"study": "{study}", "table": "2: gap decomposition"},
         ),
-        table3_csv="results/{study}/tables/table3.csv",
-        table3_md="results/{study}/tables/table3.md",
-        table3_tex="results/{study}/tables/table3.tex",
+        table3_csv=results("{study}/tables/table3.csv"),
+        table3_md=results("{study}/tables/table3.md"),
+        table3_tex=results("{study}/tables/table3.tex"),
         table3_html=report(
-            "results/{study}/tables/table3.html",
+            results("{study}/tables/table3.html"),
             caption="../report/study_table3.rst",
             category="Language-model study",
             subcategory="Tables",
             labels={"study": "{study}", "table": "3: main contrast by stratum"},
         ),
-        table4_csv="results/{study}/tables/table4.csv",
-        table4_md="results/{study}/tables/table4.md",
-        table4_tex="results/{study}/tables/table4.tex",
+        table4_csv=results("{study}/tables/table4.csv"),
+        table4_md=results("{study}/tables/table4.md"),
+        table4_tex=results("{study}/tables/table4.tex"),
         table4_html=report(
-            "results/{study}/tables/table4.html",
+            results("{study}/tables/table4.html"),
             caption="../report/study_table4.rst",
             category="Language-model study",
             subcategory="Tables",
             labels={"study": "{study}", "table": "4: uncalibrated contrasts and prediction"},
         ),
-        estimands_parquet="results/{study}/tables/estimands.parquet",
-        estimands_summary_md="results/{study}/tables/estimands_summary.md",
+        estimands_parquet=results("{study}/tables/estimands.parquet"),
+        estimands_summary_md=results("{study}/tables/estimands_summary.md"),
         estimands_summary_html=report(
-            "results/{study}/tables/estimands_summary.html",
+            results("{study}/tables/estimands_summary.html"),
             caption="../report/estimands_summary.rst",
             category="Language-model study",
             subcategory="Estimands",
@@ -166,7 +166,7 @@ rule study_tables:
     log:
         "logs/figures/study_tables/{study}.log",
     benchmark:
-        "results/benchmarks/study_tables/{study}.tsv"
+        results("benchmarks/study_tables/{study}.tsv")
     wildcard_constraints:
         study="|".join(config["studies"]) or "no-study",
     localrule: True

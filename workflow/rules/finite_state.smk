@@ -5,17 +5,17 @@
 rule finite_state_systems:
     output:
         systems=report(
-            "results/finite_state/systems.csv",
+            results("finite_state/systems.csv"),
             caption="../report/finite_state_systems.rst",
             category="Finite-state study",
             subcategory="Data",
             labels={"table": "systems (CSV)"},
         ),
-        windows="results/finite_state/windows.csv",
+        windows=results("finite_state/windows.csv"),
     log:
         "logs/finite_state/systems.log",
     benchmark:
-        "results/benchmarks/finite_state_systems/systems.tsv"
+        results("benchmarks/finite_state_systems/systems.tsv")
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -28,29 +28,29 @@ rule finite_state_systems:
 
 rule finite_state_figures:
     input:
-        systems="results/finite_state/systems.csv",
-        windows="results/finite_state/windows.csv",
+        systems=results("finite_state/systems.csv"),
+        windows=results("finite_state/windows.csv"),
     output:
         estimators=report(
-            "results/finite_state/figures/estimators.png",
+            results("finite_state/figures/estimators.png"),
             caption="../report/finite_state_estimators.rst",
             category="Finite-state study",
             subcategory="Figures",
             labels={"figure": "4: estimators"},
         ),
-        estimators_pdf="results/finite_state/figures/estimators.pdf",
+        estimators_pdf=results("finite_state/figures/estimators.pdf"),
         interval=report(
-            "results/finite_state/figures/identified_interval.png",
+            results("finite_state/figures/identified_interval.png"),
             caption="../report/finite_state_identified_interval.rst",
             category="Finite-state study",
             subcategory="Figures",
             labels={"figure": "2: identified interval"},
         ),
-        interval_pdf="results/finite_state/figures/identified_interval.pdf",
+        interval_pdf=results("finite_state/figures/identified_interval.pdf"),
     log:
         "logs/finite_state/figures.log",
     benchmark:
-        "results/benchmarks/finite_state_figures/figures.tsv"
+        results("benchmarks/finite_state_figures/figures.tsv")
     localrule: True
     conda:
         "../../envs/analysis.yaml"

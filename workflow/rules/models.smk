@@ -33,7 +33,7 @@ rule build_demo_model:
     log:
         "logs/models/build_demo_model/{model}.log",
     benchmark:
-        "results/benchmarks/build_demo_model/{model}.tsv"
+        results("benchmarks/build_demo_model/{model}.tsv")
     wildcard_constraints:
         model="|".join(demo_models()) or "no-demo-model",
     threads: 1
@@ -57,7 +57,7 @@ rule materialize_model:
     log:
         "logs/models/materialize_model/{model}.log",
     benchmark:
-        "results/benchmarks/materialize_model/{model}.tsv"
+        results("benchmarks/materialize_model/{model}.tsv")
     wildcard_constraints:
         model="|".join(sourced_models()) or "no-sourced-model",
     conda:

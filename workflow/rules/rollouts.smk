@@ -19,7 +19,7 @@ for study in config["studies"]:
         log:
             f"logs/dev_rollout/{study}/{{model}}/{{stratum}}.log",
         benchmark:
-            f"results/benchmarks/dev_rollout/{study}/{{model}}/{{stratum}}.tsv"
+            results(f"benchmarks/dev_rollout/{study}/{{model}}/{{stratum}}.tsv")
         wildcard_constraints:
             model="|".join(config["models"]) or "no-model",
             stratum="[^/]+",
@@ -49,13 +49,13 @@ for study in config["studies"]:
         input:
             documents="data/documents/{stratum}.parquet",
             model=rollout_model_input,
-            lock=f"results/{study}/lock.json",
+            lock=results(f"{study}/lock.json"),
         output:
             **rollout_trajectories(study),
         log:
             f"logs/rollout/{study}/{{model}}/{{stratum}}.log",
         benchmark:
-            f"results/benchmarks/rollout/{study}/{{model}}/{{stratum}}.tsv"
+            results(f"benchmarks/rollout/{study}/{{model}}/{{stratum}}.tsv")
         wildcard_constraints:
             model="|".join(config["models"]) or "no-model",
             stratum="[^/]+",
