@@ -371,6 +371,26 @@ def test_swrb_job_writes_records_and_tables(tmp_path):
         back = read_swrb_records(path)
         assert back.equals(frames[name]) and back.height == 12
         assert read_swrb_metadata(path)["K"] == {"study1": 6}
+    # max_batch_rows = 4: one replicate of both actions per scan call, the same records
+    chunked_out = {name: tmp_path / f"chunked-{name}.parquet" for name in actions}
+    chunked = run_swrb_job(
+        documents,
+        chunked_out,
+        {"path": "data/models/tiny-llama", "dtype": "float32"},
+        actions,
+        {name: {"study1": 6} for name in actions},
+        H=6,
+        seed=3,
+        device="cpu",
+        metadata={"lock": "abc"},
+        max_batch_rows=4,
+    )
+    for name in actions:
+        a, b = record_arrays(frames[name]), record_arrays(chunked[name])
+        assert (a["doc_id"] == b["doc_id"]).all() and (a["replicate"] == b["replicate"]).all()
+        np.testing.assert_allclose(a["e"], b["e"], atol=1e-5)  # float32 batch shapes
+        assert (a["x_token"] == b["x_token"]).mean() > 0.95
+        assert read_swrb_metadata(chunked_out[name])["lock"] == "abc"
     strata = {"rag-4k/study1/0": "rag-4k", "rag-4k/study1/1": "rag-4k"}
     table = estimates_from_records(out, strata, draws=200)
     assert set(table["stratum"]) == {"all", "rag-4k"}

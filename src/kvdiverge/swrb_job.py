@@ -33,12 +33,18 @@ def swrb_documents_actions(
     eos_ids: Sequence[int],
     H: int,
     seed: int,
+    max_batch_rows: int | None = None,
 ) -> dict[str, pl.DataFrame]:
     """SWRB records of many documents: one table per action, documents in the order given.
 
     ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
-    mapping does not run it. One prefill per document serves all its actions.
+    mapping does not run it. One prefill per document serves all its actions. The actions with
+    the same K scan together, two rows per (action, replicate); ``max_batch_rows`` (None: no
+    limit) caps those rows per model call by running the replicates in chunks, which changes
+    no record (every uniform is keyed by replicate, :mod:`kvdiverge.swrb_rollout`).
     """
+    if max_batch_rows is not None and max_batch_rows < 2:
+        raise ValueError(f"max_batch_rows: expected at least 2, got {max_batch_rows}")
     from kvdiverge.models import chat_prompt_ids
 
     specs = {
@@ -58,11 +64,14 @@ def swrb_documents_actions(
         for spec in running:
             by_k.setdefault(int(counts[spec.name]), []).append(spec)
         for k, group in by_k.items():
-            results = swrb_rollout_document(
-                model, ids, group, doc_id, k, eos_ids, H, seed, prefill=prefill
-            )
-            for name, result in results.items():
-                out[name].append(result)
+            chunk = k if max_batch_rows is None else max(1, max_batch_rows // (2 * len(group)))
+            for start in range(0, k, chunk):
+                reps = list(range(start, min(k, start + chunk)))
+                results = swrb_rollout_document(
+                    model, ids, group, doc_id, reps, eos_ids, H, seed, prefill=prefill
+                )
+                for name, result in results.items():
+                    out[name].append(result)
     return {name: swrb_frame(results) for name, results in out.items()}
 
 
@@ -76,6 +85,7 @@ def run_swrb_job(
     seed: int,
     device: str = "auto",
     metadata: Mapping[str, Any] | None = None,
+    max_batch_rows: int | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Run a job and write one SWRB record file per action (metadata as the trajectory files':
     model, action, H, K (cohort → K), seed, ``coupling: swrb``, dtype, device, n_documents).
@@ -84,7 +94,8 @@ def run_swrb_job(
     ``trust_remote_code``;
     ``out_paths``, ``actions`` (spec dicts) and ``cohorts`` are keyed by action name;
     ``metadata``: extra keys for every file (the pipeline's ``lock`` hash, README
-    "Prespecification"); they may not replace the keys above.
+    "Prespecification"); they may not replace the keys above; ``max_batch_rows``: rows per
+    scan call (:func:`swrb_documents_actions`).
     """
     extra = dict(metadata or {})
     clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "eos_ids"})
@@ -109,7 +120,9 @@ def run_swrb_job(
         trust_remote_code=trust,
     )
     eos = eos_token_ids(lm, tokenizer)
-    frames = swrb_documents_actions(lm, tokenizer, documents, list(specs.values()), eos, H, seed)
+    frames = swrb_documents_actions(
+        lm, tokenizer, documents, list(specs.values()), eos, H, seed, max_batch_rows
+    )
     for name, spec in specs.items():
         frame = frames[name]
         write_swrb_records(
