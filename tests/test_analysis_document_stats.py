@@ -228,6 +228,21 @@ def test_action_missing_documents_is_an_error(tmp_path):
         document_stats({"a": [a], "b": [b]}, DOCS, SETTINGS)
 
 
+def test_an_action_of_a_later_rollout_group_has_no_development_documents(tmp_path):
+    """``development`` names the actions that ran the dev cohort (a study's first rollout
+    group); another action covers the evaluation documents alone, and still all of them."""
+    evaluation = {"s-1/study1/000": [PATH_A], "s-1/study1/001": [PATH_B]}
+    a = _write(tmp_path, "a", {**evaluation, "s-1/dev/000": [PATH_A]})
+    c = _write(tmp_path, "c", evaluation)
+    with pytest.raises(AnalysisInputError, match=r"action 'c' lacks 1 document.*s-1/dev/000"):
+        document_stats({"a": [a], "c": [c]}, DOCS, SETTINGS)
+    stats, _ = document_stats({"a": [a], "c": [c]}, DOCS, SETTINGS, development=["a"])
+    assert sorted(stats.filter(pl.col("action") == "c")["doc_id"]) == sorted(evaluation)
+    part = _write(tmp_path, "part", {"s-1/study1/000": [PATH_A]})
+    with pytest.raises(AnalysisInputError, match=r"action 'part' lacks 1 document.*study1/001"):
+        document_stats({"a": [a], "part": [part]}, DOCS, SETTINGS, development=["a"])
+
+
 def test_mismatched_horizon_is_an_error(tmp_path):
     short = {k: v[:6] for k, v in PATH_A.items()}
     a = _write(tmp_path, "a", {"s-1/study1/000": [PATH_A]})

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -350,6 +350,7 @@ def document_stats(
     documents: pl.DataFrame | str | os.PathLike | Sequence[str | os.PathLike],
     clock_settings: Mapping[str, object] | None = None,
     control: str | None = None,
+    development: Collection[str] | None = None,
 ) -> tuple[pl.DataFrame, Clock]:
     """One row per (document, action) of replicate-averaged statistics.
 
@@ -358,7 +359,10 @@ def document_stats(
     ``trajectory_files`` maps each action to its trajectory files (one per stratum);
     ``documents`` gives each doc_id's stratum and cohort. ``clock_settings`` are
     keyword arguments of :meth:`Clock.for_horizon`. Every non-control action must cover the
-    same documents; the control may cover more (it runs every document).
+    same documents; the control may cover more (it runs every document). ``development``: the
+    actions that ran the development cohort ``dev`` (default: every action); the others (a
+    study's later rollout groups, README "Compare your own method") must cover the same
+    documents outside it.
 
     Errors (one line naming the file): a missing column or wrong type, a broken file contract
     (:func:`kvdiverge.trajectories.check_trajectories`: values, column consistency, path and
@@ -413,8 +417,10 @@ def document_stats(
     compared = [a for a in per_action if a != control]
     if compared:
         union = set().union(*(set(per_action[a]["doc_id"]) for a in compared))
+        dev = set(docs.filter(pl.col("cohort") == "dev")["doc_id"])
         for a in compared:
-            missing = sorted(union - set(per_action[a]["doc_id"]))
+            wanted = union if development is None or a in development else union - dev
+            missing = sorted(wanted - set(per_action[a]["doc_id"]))
             if missing:
                 files = sorted(
                     {source[(b, missing[0])] for b in compared if (b, missing[0]) in source}
