@@ -15,6 +15,7 @@ include: "workflow/rules/finite_state.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/swrb.smk"
 include: "workflow/rules/accuracy.smk"
 include: "workflow/rules/figures.smk"
 

@@ -11,6 +11,7 @@ import yaml
 from kvdiverge.config import (
     ConfigError,
     check_generation_reserve,
+    check_references,
     validate_config,
 )
 
@@ -91,3 +92,23 @@ def test_generation_reserve_must_cover_the_horizon():
         assert "\n" not in message
         assert message.startswith("config.datasets.generation_reserve: ")
         assert f"expected an integer >= {config['rollout']['H']}" in message
+
+
+def test_swrb_coupling_is_accepted_and_refuses_rollout_groups():
+    """``rollout.coupling: swrb`` validates; a study split into rollout groups is refused in
+    one line (each later group's amendment lock is not read by the SWRB tables)."""
+    config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    config["rollout"]["coupling"] = "swrb"
+    validate_config(config, SCHEMA)
+    check_references(config)
+    config["studies"]["study1"]["groups"] = {
+        "main": ["snapkv-512", "snapkv-half", "full"],
+        "more": ["recent-half"],
+    }
+    with pytest.raises(ConfigError) as info:
+        check_references(config)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("config.studies.study1.groups: ")
+    assert "swrb" in msg
+    config["rollout"]["coupling"] = "shared-reference"
+    check_references(config)  # the same groups pass under a trajectory coupling

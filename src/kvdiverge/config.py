@@ -15,7 +15,8 @@ parse time (``workflow/rules/common.smk``) and raises :class:`ConfigError` with 
   later (the analysis clock against ``rollout.H``, the generation reserve against H, the
   actions' budgets against the strata's prompt lengths, the development documents and
   replicates prediction and planning need, a family size of at least the family's
-  endpoints, the finite-state study's EOS token and figure systems);
+  endpoints, rollout groups under ``rollout.coupling: swrb``, the finite-state study's EOS
+  token and figure systems);
 * :func:`check_config`: all of the above, in that order.
 """
 
@@ -587,6 +588,21 @@ def _check_budgets(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
                 raise ConfigError(f"{where}: {message}") from exc
 
 
+def _check_swrb(config: Mapping[str, Any]) -> None:
+    """``rollout.coupling: swrb`` runs every action of a study under the study's one lock, and
+    its estimands table reads that lock alone: a study split into rollout groups (an
+    amendment lock per later group) is refused."""
+    if config.get("rollout", {}).get("coupling") != "swrb":
+        return
+    for study, spec in config.get("studies", {}).items():
+        if len(spec.get("groups") or {}) > 1:
+            raise ConfigError(
+                f"config.studies.{study}.groups: rollout groups need rollout.coupling "
+                "shared-reference or independent; swrb runs a study's actions under its one "
+                'lock (README "SWRB for language-model rollouts")'
+            )
+
+
 def _check_finite_state(config: Mapping[str, Any]) -> None:
     """The finite-state study's combinations (EOS needs a third token, figure systems exist)."""
     from kvdiverge.finite_state_study import family_parameters
@@ -607,6 +623,7 @@ def check_references(config: Mapping[str, Any]) -> None:
     _check_models(config)
     actions = _parse_actions(config)
     _check_studies(config, actions)
+    _check_swrb(config)
     _check_analysis_references(config)
     _check_length_tokenizer(config)
     clock = _check_clock(config)

@@ -43,6 +43,8 @@ def final_outputs():
         results("finite_state/figures/estimators.png"),
         results("finite_state/figures/identified_interval.png"),
     ]
+    if config["rollout"]["coupling"] == "swrb":  # the SWRB tables replace the trajectory analysis
+        return out + swrb_outputs()
     for study in config["studies"]:
         out += [
             results(f"{study}/tables/estimands.csv"),
@@ -161,9 +163,12 @@ def rollout_model_input(wildcards):
 
 def rollout_trajectories(study):
     """The study's trajectory files by action, with {model} and {stratum} left as
-    wildcards: the outputs of rollout_<study>, one job per model and stratum."""
+    wildcards: the outputs of rollout_<study>, one job per model and stratum. Under
+    `rollout.coupling: swrb` its SWRB record files instead, in `swrb/` beside `trajectories/`
+    (README "SWRB for language-model rollouts")."""
+    folder = "swrb" if config["rollout"]["coupling"] == "swrb" else "trajectories"
     return {
-        action: results(f"{study}/{{model}}/trajectories/{action}/{{stratum}}.parquet")
+        action: results(f"{study}/{{model}}/{folder}/{action}/{{stratum}}.parquet")
         for action in config["studies"][study]["actions"]
     }
 
@@ -196,6 +201,20 @@ def dev_rollout_trajectories(study):
         action: results(f"{study}/{{model}}/dev/trajectories/{action}/{{stratum}}.parquet")
         for action in config["studies"][study]["actions"]
     }
+
+
+def rollout_script():
+    """The evaluation rollout job's script: swrb_rollout.py under `rollout.coupling: swrb`
+    (kvdiverge.swrb_job), else rollout.py (kvdiverge.rollout_job)."""
+    return "swrb_rollout.py" if config["rollout"]["coupling"] == "swrb" else "rollout.py"
+
+
+def dev_rollout_coupling():
+    """The development rollouts' coupling: `rollout.coupling`, except under `swrb`, whose
+    development cohort runs the shared-reference coupled rollouts the sample-size plan reads
+    (README "SWRB for language-model rollouts")."""
+    coupling = config["rollout"]["coupling"]
+    return "shared-reference" if coupling == "swrb" else coupling
 
 
 def dev_rollout_cohorts(study):
@@ -308,5 +327,57 @@ def figures_and_tables_outputs():
             results(f"{study}/tables/estimands.parquet"),
             results(f"{study}/tables/estimands_summary.md"),
             results(f"{study}/tables/estimands_summary.html"),
+        ]
+    return out
+
+
+# ---- SWRB (rollout.coupling: swrb; README "SWRB for language-model rollouts") --------------
+def swrb_record_files(study):
+    """The study's evaluation SWRB record files: model → action → stratum → path."""
+    return {
+        model: {
+            action: {
+                stratum: results(f"{study}/{model}/swrb/{action}/{stratum}.parquet")
+                for stratum in study_strata()
+            }
+            for action in config["studies"][study]["actions"]
+        }
+        for model in config["models"]
+    }
+
+
+def swrb_record_list(wildcards):
+    """Every SWRB record file of the study, as a flat list (the rule's input)."""
+    return [
+        path
+        for by_action in swrb_record_files(wildcards.study).values()
+        for by_stratum in by_action.values()
+        for path in by_stratum.values()
+    ]
+
+
+def swrb_window():
+    """The window L of Z_L and W_L in steps: the analysis clock's `window` at H."""
+    from kvdiverge.analysis.document_stats import Clock
+
+    return Clock.for_horizon(config["rollout"]["H"], **config["analysis"]["clock"]).window
+
+
+def swrb_outputs():
+    """The default target under `rollout.coupling: swrb` (final_outputs): figure 1, and per
+    study its plan and lock, the SWRB estimands table (CSV, Markdown) and divergence CDF
+    figures."""
+    out = [results(f"theory/figures/fig1_introductory_example.{e}") for e in ("png", "pdf")]
+    for study in config["studies"]:
+        out += [
+            results(f"{study}/plan.json"),
+            results(f"{study}/lock.json"),
+            results(f"{study}/tables/swrb_estimands.csv"),
+            results(f"{study}/tables/swrb_estimands.md"),
+        ]
+        out += [
+            results(f"{study}/figures/{name}.{e}")
+            for name in ("swrb_divergence_cdf", "swrb_divergence_cdf_strata")
+            for e in ("png", "pdf")
         ]
     return out

@@ -3,7 +3,8 @@
 # which plan_sample_sizes and prespecify (workflow/rules/analysis.smk) write the study's plan and
 # lock; rollout_<study> then runs the evaluation cohort with the lock's replicates. Each job, one
 # per (model, stratum), loads the model once, prefills each document once and writes the
-# trajectory file of every action of the study.
+# trajectory file of every action of the study (under rollout.coupling: swrb, its SWRB record
+# file: README "SWRB for language-model rollouts").
 
 
 for study in config["studies"]:
@@ -36,7 +37,7 @@ for study in config["studies"]:
             cohorts=dev_rollout_cohorts(study),
             H=config["rollout"]["H"],
             seed=config["seed"],
-            coupling=config["rollout"]["coupling"],
+            coupling=dev_rollout_coupling(),
             max_batch_rows=config["rollout"]["max_batch_rows"],
             device=config["rollout"]["device"],
             code=rollout_code(study, "dev_rollout.py"),
@@ -74,6 +75,6 @@ for study in config["studies"]:
             coupling=config["rollout"]["coupling"],
             max_batch_rows=config["rollout"]["max_batch_rows"],
             device=config["rollout"]["device"],
-            code=rollout_code(study, "rollout.py"),
+            code=rollout_code(study, rollout_script()),
         script:
-            "../scripts/rollout.py"
+            f"../scripts/{rollout_script()}"

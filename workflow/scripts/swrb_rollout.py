@@ -1,0 +1,36 @@
+"""Rule rollout_<study> under ``rollout.coupling: swrb``: the evaluation cohort's SWRB
+replicates of a stratum under every action of the study, one SWRB record file per action
+(kvdiverge.swrb_job; README "SWRB for language-model rollouts"). The replicates come from the
+study's lock, written before any evaluation rollout, and every file carries the lock's hash
+(README "Prespecification")."""
+
+from kvdiverge.logs import job_log
+
+log = job_log(snakemake)
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from kvdiverge.analysis.prespecification import evaluation_cohorts, read_lock  # noqa: E402
+from kvdiverge.swrb_job import run_swrb_job  # noqa: E402
+
+lock = read_lock(snakemake.input.lock)
+cohorts = evaluation_cohorts(lock)
+log.info("lock %s: K = %d (%s)", lock["hash"], lock["design"]["K"], lock["design"]["K_setting"])
+transformers.utils.logging.disable_progress_bar()
+torch.set_num_threads(snakemake.threads)
+params = snakemake.params
+frames = run_swrb_job(
+    documents_path=snakemake.input.documents,
+    out_paths=dict(snakemake.output.items()),
+    model=params.model,
+    actions=params.actions,
+    cohorts={name: cohorts[name] for name in params.actions},
+    H=params.H,
+    seed=params.seed,
+    device=params.device,
+    metadata={"lock": lock["hash"]},
+    max_batch_rows=params.max_batch_rows,
+)
+for name, frame in frames.items():
+    log.info("%s: %d documents, %d replicates", name, frame["doc_id"].n_unique(), frame.height)
