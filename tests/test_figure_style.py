@@ -5,6 +5,7 @@ where ΔR_SMC's interval covers 0)."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from kvdiverge.plots.base import (
     MIN_FONT_PT,
     TEXT_WIDTH,
     PercentTicks,
+    house_style,
+    save_figure,
     smallest_font,
     tick_decimals,
 )
@@ -228,3 +231,18 @@ def test_files_are_written_at_print_size(study1, tmp_path):
     width, _ = _png_size(outputs["fig5_divergence_cdf_strata"][0])
     assert width == round(TEXT_WIDTH * DPI)
     assert np.all([p.read_bytes()[:5] == b"%PDF-" for _, p in outputs.values()])
+
+
+def test_saving_a_pdf_logs_no_font_subsetting(tmp_path, caplog):
+    """The PDF backend's font subsetting (fontTools) adds no INFO lines to a figure job's log
+    (issue 17: no noise lines)."""
+    caplog.set_level(logging.INFO)
+    house_style()  # TrueType fonts in the PDF: subsetted by fontTools
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 2.0))
+    ax.plot([0, 1], [0, 1], label="a line")
+    ax.set_title("Subsetted glyphs: 0123456789 %")
+    ax.legend()
+    save_figure(fig, tmp_path / "f.png", tmp_path / "f.pdf")
+    assert (tmp_path / "f.pdf").stat().st_size > 0
+    noise = [r for r in caplog.records if r.name.startswith("fontTools")]
+    assert noise == [], [r.getMessage() for r in noise[:3]]

@@ -12,6 +12,7 @@ and hatch so that series stay apart in greyscale and where intervals overlap.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 import matplotlib
 
 matplotlib.use("Agg")
+# The PDF backend subsets fonts with fontTools, which logs every table it subsets at INFO level
+# into the figure jobs' logs: only its warnings are kept.
+logging.getLogger("fontTools").setLevel(logging.WARNING)
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
