@@ -177,6 +177,7 @@ def test_appending_a_group_leaves_the_study_lock_and_earlier_amendments_alone():
     amendment = make_amendment(spec, lock)
     assert amendment["study_lock"] == lock["hash"] and amendment["group"] == "extra"
     assert amendment["design"]["K"] == lock["design"]["K"] == PLAN["K_planned"]
+    assert amendment["design"]["K_setting"] == "plan"
     assert list(amendment["design"]["actions"]) == ["recent-90"]
     assert amendment["endpoints"]["family"] == [
         {"model": "smollm2", "action": "recent-90", "estimand": e}

@@ -176,3 +176,129 @@ def test_a_bad_group_stops_at_parse_time_with_one_line(case):
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(expected), message
+
+
+# ---- the workflow: appending a group reruns nothing of the others -------------------------------
+def _config(groups: dict | None) -> dict:
+    """Study 1 on the fixture's stratum, small H, K and bootstrap; with ``groups``, recent-90
+    appended in a later group."""
+    actions = ["snapkv-half", "recent-half", "full"]
+    study = {"actions": actions, "K": "plan", "K_dev": 2, "K_control": 1, "bootstrap_draws": 20}
+    if groups:
+        study["actions"] = [a for members in groups.values() for a in members]
+        study["groups"] = groups
+    return {
+        "rollout": {"H": 8},
+        "datasets": {
+            "strata": [{"env": "ruler", "label": "1024", "target_tokens": 1024}],
+            "cohorts": {"dev": 2, "study1": 3, "study2": 2},
+        },
+        "analysis": {
+            "contrasts": {"study1": [["recent-half", "snapkv-half"]], "study2": []},
+            "prediction": {"pairs": {"study1": ["recent-half", "snapkv-half"]}},
+            "planning": {"max_K": 2},
+        },
+        "studies": {"study1": study},
+    }
+
+
+@pytest.mark.slow
+def test_an_action_appended_in_a_new_group_reruns_only_that_group(tmp_path):
+    """Study 1 run through its estimands with one group (the default); then recent-90 appended
+    in a group `extra`: a dry run schedules only the group's amendment lock and evaluation jobs
+    and the analysis after them. Run, the study lock and the first group's files stay as they
+    were; the new files carry the amendment's hash and the study's K, and their X is the first
+    group's path by path. An edit of the new action reruns its group alone."""
+    import shutil
+
+    from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
+
+    from kvdiverge.analysis.prespecification import read_lock
+    from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
+
+    work = workflow_copy(tmp_path)
+    (work / "data" / "documents").mkdir(parents=True)
+    shutil.copy(DOCUMENTS, work / "data" / "documents" / "ruler-1024.parquet")
+    models = ["tiny-llama", "tiny-qwen"]
+    first = ["snapkv-half", "recent-half", "full"]
+    rules = [
+        "dev_rollout_study1",
+        "plan_sample_sizes",
+        "prespecify",
+        "prespecify_group",
+        "rollout_study1",
+        "rollout_study1_extra",
+        "document_stats",
+        "estimands",
+    ]
+
+    def trajectory(model: str, action: str) -> Path:
+        return work / f"results/study1/{model}/trajectories/{action}/ruler-1024.parquet"
+
+    def snakemake(config: dict, *args: str):
+        path = tmp_path / "override.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))  # the groups in order
+        res = run_snakemake(
+            work,
+            "results/study1/tables/estimands.csv",
+            *args,
+            "--allowed-rules",
+            *rules,
+            "--configfile",
+            str(path),
+            timeout=900,
+        )
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        return res
+
+    snakemake(_config(None))
+    lock_path = work / "results/study1/lock.json"
+    lock = read_lock(lock_path)
+    assert sorted(lock["design"]["actions"]) == sorted(first)
+    before = {
+        (m, a): (trajectory(m, a).stat().st_mtime_ns, read_trajectories(trajectory(m, a)))
+        for m in models
+        for a in first
+    }
+    lock_text = lock_path.read_text()
+
+    grouped = _config({"main": first, "extra": ["recent-90"]})
+    planned = planned_jobs(snakemake(grouped, "-n"))
+    assert planned == {
+        "prespecify_group": 1,
+        "rollout_study1_extra": len(models),
+        "document_stats": len(models),
+        "estimands": 1,
+    }, planned
+    snakemake(grouped)
+    assert lock_path.read_text() == lock_text
+    amendment = read_lock(work / "results/study1/locks/extra.json")
+    assert amendment["study_lock"] == lock["hash"] and amendment["group"] == "extra"
+    assert amendment["design"]["K"] == lock["design"]["K"]
+    assert list(amendment["design"]["actions"]) == ["recent-90"]
+    keys = ["doc_id", "replicate", "t"]
+    for model in models:
+        for action in first:
+            mtime, frame = before[(model, action)]
+            assert trajectory(model, action).stat().st_mtime_ns == mtime
+            assert read_trajectories(trajectory(model, action)).equals(frame)
+        meta = read_trajectory_metadata(trajectory(model, "recent-90"))
+        assert meta["lock"] == amendment["hash"]
+        assert meta["K"] == {"study1": lock["design"]["K"]}
+        added = read_trajectories(trajectory(model, "recent-90"))
+        main = before[(model, "snapkv-half")][1].select(*keys, "x_token")
+        joined = added.join(main, on=keys, suffix="_main")
+        assert joined.height == added.height == main.height > 0
+        assert (joined["x_token"] == joined["x_token_main"]).all()  # the same reference X
+    table = pl.read_csv(work / "results/study1/tables/estimands.csv")
+    assert "recent-90" in set(table["action"])
+
+    # an edit of the appended action re-locks and reruns its group, nothing of the first
+    grouped["actions"] = {"recent-90": {"selector": "recent", "budget": 0.8}}
+    planned = planned_jobs(snakemake(grouped, "-n"))
+    assert planned == {
+        "prespecify_group": 1,
+        "rollout_study1_extra": len(models),
+        "document_stats": len(models),
+        "estimands": 1,
+    }, planned

@@ -1,7 +1,8 @@
 # Section 5 analysis (docs/method.md, "Estimands" to "Sample-size planning"; README "Analysis"
 # and "Prespecification"): the sample-size plan and the lock from the development rollouts
-# (before any evaluation rollout), per-document statistics, paired stratified bootstrap
-# estimands and aggregate prediction.
+# (before any evaluation rollout), each later rollout group's amendment lock (README "Compare
+# your own method"), per-document statistics, paired stratified bootstrap estimands and
+# aggregate prediction.
 
 
 rule document_stats:
@@ -26,12 +27,12 @@ rule document_stats:
         "../../envs/analysis.yaml"
     params:
         files=lambda w: {
-            action: dev + evaluation
-            for (action, dev), evaluation in zip(
-                study_trajectory_files(w.study, [w.model], "dev").items(),
-                study_trajectory_files(w.study, [w.model], "evaluation").values(),
-            )
+            action: study_trajectory_files(w.study, [w.model], "dev").get(action, []) + evaluation
+            for action, evaluation in study_trajectory_files(
+                w.study, [w.model], "evaluation"
+            ).items()
         },
+        development=lambda w: rollout_groups(w.study)[first_group(w.study)],
         control=lambda w: config["studies"][w.study]["control"],
         clock=config["analysis"]["clock"],
         code=script_code("document_stats.py"),
@@ -47,6 +48,7 @@ rule estimands:
             model=config["models"],
         ),
         lock=results("{study}/lock.json"),
+        amendments=lambda w: [group_lock(w.study, group) for group in later_groups(w.study)],
         trajectories=lambda w: [
             f
             for files in study_trajectory_files(w.study, config["models"], "evaluation").values()
@@ -80,6 +82,7 @@ rule estimands:
         family_estimands=config["analysis"]["family_estimands"],
         seed=config["seed"],
         prespecified=prespecified_study,
+        amendments=prespecified_amendments,
         code=script_code("estimands.py"),
     script:
         "../scripts/estimands.py"
@@ -140,7 +143,7 @@ rule plan_sample_sizes:
         "../../envs/analysis.yaml"
     params:
         models=list(config["models"]),
-        actions=lambda w: config["studies"][w.study]["actions"],
+        actions=lambda w: rollout_groups(w.study)[first_group(w.study)],
         control=lambda w: config["studies"][w.study]["control"],
         strata=study_strata(),
         cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
@@ -172,3 +175,24 @@ rule prespecify:
         code=script_code("prespecify.py"),
     script:
         "../scripts/prespecify.py"
+
+
+rule prespecify_group:
+    input:
+        lock=results("{study}/lock.json"),
+    output:
+        results("{study}/locks/{group}.json"),
+    log:
+        "logs/analysis/prespecify_group/{study}/{group}.log",
+    benchmark:
+        results("benchmarks/prespecify_group/{study}/{group}.tsv")
+    wildcard_constraints:
+        study="|".join(config["studies"]) or "no-study",
+        group=amendment_groups(),
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        prespecified=prespecified_amendment,
+        code=script_code("prespecify_group.py"),
+    script:
+        "../scripts/prespecify_group.py"

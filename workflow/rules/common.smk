@@ -4,6 +4,7 @@ import os
 from kvdiverge.config import check_config
 from kvdiverge.provenance import script_fingerprint
 from kvdiverge.config import study_contrasts as configured_contrasts
+from kvdiverge.config import study_groups
 from kvdiverge.preflight import check_configured_models
 
 # Once, before any job: the config files read strictly, every value's kind and range, every
@@ -36,7 +37,7 @@ def finite_state_study_settings():
 
 def final_outputs():
     """Every file `rule all` builds — the finite-state study, figure 1, and for every study its
-    estimands, prediction, sample-size plan and lock, figures and tables (through every
+    estimands, prediction, sample-size plan and locks, figures and tables (through every
     upstream job)."""
     out = [
         results("finite_state/systems.csv"),
@@ -51,6 +52,7 @@ def final_outputs():
             results(f"{study}/plan.json"),
             results(f"{study}/lock.json"),
         ]
+        out += [group_lock(study, group) for group in later_groups(study)]
         if config["analysis"]["prediction"]["pairs"].get(study):
             out.append(results(f"{study}/tables/prediction.csv"))
         out += [  # rule accuracy (workflow/rules/accuracy.smk) writes them together
@@ -161,6 +163,30 @@ def rollout_model_input(wildcards):
     return [model_path(wildcards.model)] if built else []
 
 
+def rollout_groups(study):
+    """The study's rollout groups in config order, name -> actions (`studies.<s>.groups`, else
+    one group `main` of every action; kvdiverge.config.study_groups)."""
+    return study_groups(config, study)
+
+
+def first_group(study):
+    """The study's first rollout group: its development rollouts plan K, its lock is the
+    study's lock, its evaluation rule is rollout_<study>."""
+    return next(iter(rollout_groups(study)))
+
+
+def later_groups(study):
+    """The study's rollout groups after the first, in config order (each with an amendment lock
+    and evaluation rule rollout_<study>_<group>)."""
+    return list(rollout_groups(study))[1:]
+
+
+def rollout_rule_name(study, group):
+    """The name of a rollout group's evaluation rule, rollout_<study> for the first group (as
+    without groups), rollout_<study>_<group> for a later one."""
+    return f"rollout_{study}" if group == first_group(study) else f"rollout_{study}_{group}"
+
+
 def rollout_trajectories(study):
     """The study's trajectory files by action, with {model} and {stratum} left as
     wildcards: the outputs of rollout_<study>, one job per model and stratum. Under
@@ -173,20 +199,39 @@ def rollout_trajectories(study):
     }
 
 
-def rollout_actions(study):
-    """Every action spec of the study with all its parameters, by name."""
-    return {name: ROLLOUT_ACTIONS[name].as_dict() for name in config["studies"][study]["actions"]}
+def group_trajectories(study, group):
+    """The trajectory files of a rollout group's actions (rollout_trajectories): the outputs of
+    its evaluation rule, one job per model and stratum."""
+    files = rollout_trajectories(study)
+    return {action: files[action] for action in rollout_groups(study)[group]}
 
 
-def rollout_code(study, script):
+def group_lock(study, group):
+    """The lock a rollout group's evaluation runs under: the study's lock for the first group,
+    the group's amendment (rule prespecify_group) for a later one."""
+    if group == first_group(study):
+        return results(f"{study}/lock.json")
+    return results(f"{study}/locks/{group}.json")
+
+
+def rollout_actions(study, group=None):
+    """Every action spec of the study (of its rollout group `group`) with all its parameters,
+    by name."""
+    names = config["studies"][study]["actions"] if group is None else rollout_groups(study)[group]
+    return {name: ROLLOUT_ACTIONS[name].as_dict() for name in names}
+
+
+def rollout_code(study, script, group=None):
     """Params entry `code` of a rollout rule: the fingerprint of the engine its script reaches
-    with only the selectors of the study's actions (kvdiverge.provenance; adding or editing
-    another method reruns none of this study's rollouts)."""
+    with only the selectors of the job's actions, those of the rollout group `group` (default:
+    the first, which the development rule runs) (kvdiverge.provenance; adding or editing
+    another method reruns no rollout of other actions, nor of another group)."""
+    actions = rollout_groups(study)[group or first_group(study)]
     selectors = sorted(
         {
             f"{type(spec.method).__module__}:{type(spec.method).__qualname__}"
             for name, spec in ROLLOUT_ACTIONS.items()
-            if name in config["studies"][study]["actions"]
+            if name in actions
         }
     )
     return script_fingerprint(
@@ -195,11 +240,11 @@ def rollout_code(study, script):
 
 
 def dev_rollout_trajectories(study):
-    """The study's development trajectory files by action, with {model} and {stratum} left as
-    wildcards: the outputs of dev_rollout_<study>."""
+    """The development trajectory files of the study's first rollout group by action, with
+    {model} and {stratum} left as wildcards: the outputs of dev_rollout_<study>."""
     return {
         action: results(f"{study}/{{model}}/dev/trajectories/{action}/{{stratum}}.parquet")
-        for action in config["studies"][study]["actions"]
+        for action in rollout_groups(study)[first_group(study)]
     }
 
 
@@ -218,17 +263,18 @@ def dev_rollout_coupling():
 
 
 def dev_rollout_cohorts(study):
-    """Replicates of the development cohort per action of the study: K_dev, the control
-    K_control. (The evaluation's come from the study's lock, read by the job.)"""
+    """Replicates of the development cohort per action of the study's first rollout group:
+    K_dev, the control K_control. (The evaluation's come from the group's lock, read by the
+    job.)"""
     spec = config["studies"][study]
     return {
         name: {"dev": spec["K_control"] if name == spec["control"] else spec["K_dev"]}
-        for name in spec["actions"]
+        for name in rollout_groups(study)[first_group(study)]
     }
 
 
 # ---- Plan, lock and analysis (README "Prespecification", "Analysis") -------------------------
-from kvdiverge.analysis.prespecification import prespecified
+from kvdiverge.analysis.prespecification import prespecified, prespecified_group
 
 
 def study_strata():
@@ -238,15 +284,17 @@ def study_strata():
 
 def study_trajectory_files(study, models, stage):
     """The trajectory files of a study's models by action, every stratum: the development
-    stage's (dev_rollout_<study>) or the evaluation's (rollout_<study>)."""
+    stage's (dev_rollout_<study>: the first rollout group's actions) or the evaluation's (the
+    evaluation rules of every group: every action)."""
     folder = "dev/trajectories" if stage == "dev" else "trajectories"
+    actions = rollout_groups(study)[first_group(study)] if stage == "dev" else None
     return {
         action: [
             results(f"{study}/{model}/{folder}/{action}/{stratum}.parquet")
             for model in models
             for stratum in study_strata()
         ]
-        for action in config["studies"][study]["actions"]
+        for action in actions or config["studies"][study]["actions"]
     }
 
 
@@ -255,6 +303,29 @@ def prespecified_study(wildcards):
     (kvdiverge.analysis.prespecification.prespecified): the lock's content."""
     study = wildcards.study
     return prespecified(config, study, study_strata(), rollout_actions(study))
+
+
+def prespecified_amendment(wildcards):
+    """What the config fixes for a later rollout group before its evaluation rollouts, the
+    study lock aside (kvdiverge.analysis.prespecification.prespecified_group)."""
+    return prespecified_group(
+        config, wildcards.study, wildcards.group, rollout_actions(wildcards.study)
+    )
+
+
+def prespecified_amendments(wildcards):
+    """prespecified_amendment of every later rollout group of the study, by group."""
+    actions = rollout_actions(wildcards.study)
+    return {
+        group: prespecified_group(config, wildcards.study, group, actions)
+        for group in later_groups(wildcards.study)
+    }
+
+
+def amendment_groups():
+    """A regex of every later rollout group's name (rule prespecify_group's `group`)."""
+    names = sorted({g for study in config["studies"] for g in later_groups(study)})
+    return "|".join(names) or "no-group"
 
 
 def pinned_K(wildcards):

@@ -4,7 +4,10 @@
 # lock; rollout_<study> then runs the evaluation cohort with the lock's replicates. Each job, one
 # per (model, stratum), loads the model once, prefills each document once and writes the
 # trajectory file of every action of the study (under rollout.coupling: swrb, its SWRB record
-# file: README "SWRB for language-model rollouts").
+# file: README "SWRB for language-model rollouts"). A study split into rollout groups
+# (studies.<s>.groups; README "Compare your own method") runs those two rules for its first
+# group, and for each later group rollout_<study>_<group> under the group's amendment lock
+# (rule prespecify_group), with the same reference stream X.
 
 
 for study in config["studies"]:
@@ -33,7 +36,7 @@ for study in config["studies"]:
             runtime=240,
         params:
             model=rollout_model,
-            actions=rollout_actions(study),
+            actions=rollout_actions(study, first_group(study)),
             cohorts=dev_rollout_cohorts(study),
             H=config["rollout"]["H"],
             seed=config["seed"],
@@ -52,7 +55,7 @@ for study in config["studies"]:
             model=rollout_model_input,
             lock=results(f"{study}/lock.json"),
         output:
-            **rollout_trajectories(study),
+            **group_trajectories(study, first_group(study)),
         log:
             f"logs/rollout/{study}/{{model}}/{{stratum}}.log",
         benchmark:
@@ -69,7 +72,7 @@ for study in config["studies"]:
             runtime=240,
         params:
             model=rollout_model,
-            actions=rollout_actions(study),
+            actions=rollout_actions(study, first_group(study)),
             H=config["rollout"]["H"],
             seed=config["seed"],
             coupling=config["rollout"]["coupling"],
@@ -78,3 +81,40 @@ for study in config["studies"]:
             code=rollout_code(study, rollout_script()),
         script:
             f"../scripts/{rollout_script()}"
+
+    for group in later_groups(study):
+
+        rule:
+            name:
+                rollout_rule_name(study, group)
+            input:
+                documents="data/documents/{stratum}.parquet",
+                model=rollout_model_input,
+                lock=group_lock(study, group),
+            output:
+                **group_trajectories(study, group),
+            log:
+                f"logs/rollout/{study}/{group}/{{model}}/{{stratum}}.log",
+            benchmark:
+                results(f"benchmarks/rollout/{study}/{group}/{{model}}/{{stratum}}.tsv")
+            wildcard_constraints:
+                model="|".join(config["models"]) or "no-model",
+                stratum="[^/]+",
+            conda:
+                "../../envs/rollout.yaml"
+            threads: 1
+            resources:
+                gpu=rollout_gpus(),
+                mem_mb=16000,
+                runtime=240,
+            params:
+                model=rollout_model,
+                actions=rollout_actions(study, group),
+                H=config["rollout"]["H"],
+                seed=config["seed"],
+                coupling=config["rollout"]["coupling"],
+                max_batch_rows=config["rollout"]["max_batch_rows"],
+                device=config["rollout"]["device"],
+                code=rollout_code(study, rollout_script(), group),
+            script:
+                f"../scripts/{rollout_script()}"

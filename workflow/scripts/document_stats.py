@@ -8,7 +8,11 @@ from kvdiverge.analysis.document_stats import document_stats, write_document_sta
 
 files = {action: list(paths) for action, paths in snakemake.params.files.items()}
 stats, clock = document_stats(
-    files, list(snakemake.input.documents), dict(snakemake.params.clock), snakemake.params.control
+    files,
+    list(snakemake.input.documents),
+    dict(snakemake.params.clock),
+    snakemake.params.control,
+    development=list(snakemake.params.development),
 )
 write_document_stats(stats, snakemake.output[0], clock)
 log.info("%d (document, action) rows, %s -> %s", stats.height, clock, snakemake.output[0])

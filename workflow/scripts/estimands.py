@@ -18,11 +18,17 @@ from kvdiverge.trajectories import read_trajectory_metadata  # noqa: E402
 
 p = snakemake.params
 study = p.study
-# Before any work: the config still implies the lock, and the evaluation ran under it.
+# Before any work: the config still implies the lock and every later rollout group's amendment,
+# and each evaluation file ran under its group's.
+amendments = {
+    group: (path, spec)
+    for (group, spec), path in zip(p.amendments.items(), snakemake.input.amendments, strict=True)
+}
 lock = check_lock(
     snakemake.input.lock,
     p.prespecified,
     {path: read_trajectory_metadata(path) for path in snakemake.input.trajectories},
+    amendments,
 )
 log.info("lock %s holds for %d evaluation files", lock["hash"], len(snakemake.input.trajectories))
 contrasts = [tuple(c) for c in p.contrasts] if p.contrasts else None

@@ -26,7 +26,8 @@ action). Each later group gets an amendment (``results/{study}/locks/{group}.jso
 
 * ``study``, ``group``, and ``study_lock``: the study lock's hash;
 * ``design``: the group's actions with every parameter, the control and ``K_control``, the
-  cohort, and the study lock's resolved ``K`` (so K is never re-planned for a later group);
+  cohort, and the study lock's ``K_setting`` and resolved ``K`` (so K is never re-planned for
+  a later group);
 * ``endpoints``: for a study with a family, the family entries of the group's actions, with
   the same settings as the study lock's (``None`` for an exploratory study);
 * ``hash``: as for a lock, over the other fields.
@@ -231,7 +232,11 @@ def make_amendment(spec: Mapping[str, Any], study_lock: Mapping[str, Any]) -> di
         "study": spec["study"],
         "group": spec["group"],
         "study_lock": study_lock["hash"],
-        "design": {**spec["design"], "K": study_lock["design"]["K"]},
+        "design": {
+            **spec["design"],
+            "K_setting": study_lock["design"]["K_setting"],
+            "K": study_lock["design"]["K"],
+        },
         "endpoints": spec["endpoints"],
     }
     lock = json.loads(json.dumps(lock, allow_nan=False))
