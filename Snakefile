@@ -24,3 +24,7 @@ rule all:
     default_target: True
     input:
         final_outputs(),
+
+
+onsuccess:
+    report_after_run()

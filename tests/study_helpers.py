@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from kvdiverge.analysis.document_stats import document_stats
@@ -80,3 +81,46 @@ def build_study(
     pred = root / "prediction.csv"
     pl.concat(pred_frames).write_csv(pred)
     return est, pred
+
+
+def build_accuracy(folder: Path, lambdas: dict[str, float] = LAMBDAS, draws: int = 60) -> None:
+    """Write the `accuracy` rule's outputs for the study with actions ``lambdas`` into
+    ``folder`` (``tables/`` and ``figures/``) from synthetic per-document accuracy statistics:
+    paths of an action with larger λ diverge earlier and score lower on Y (the control's
+    shares all 'never')."""
+    from kvdiverge.analysis.accuracy import ACCURACY_STATS, accuracy_table, write_accuracy
+    from kvdiverge.plots.accuracy import write_accuracy_figure
+    from kvdiverge.tables import write_accuracy_table
+
+    rng = np.random.default_rng(5)
+    actions = [a for a in lambdas if a != CONTROL]
+    frames = []
+    for model in MODELS:
+        rows = []
+        for stratum in STRATA:
+            for d in range(6):
+                acc_x = rng.uniform(0.4, 1.0)
+                for action in actions:
+                    lam = lambdas[action]
+                    share = np.array([lam, (1 - lam) / 2, (1 - lam) / 2])
+                    acc_x_at = acc_x * share
+                    acc_y_at = acc_x_at * np.array([1 - lam, 1 - lam / 2, 1.0])
+                    row = {"doc_id": f"{stratum}-{d}", "action": action, "stratum": stratum}
+                    row |= {"cohort": "study1", "n_paths": 4, "acc_x": acc_x}
+                    row["acc_y"] = float(acc_y_at.sum())
+                    for k, c in enumerate(("early", "late", "never")):
+                        row |= {f"share@{c}": share[k], f"acc_x@{c}": acc_x_at[k]}
+                        row[f"acc_y@{c}"] = acc_y_at[k]
+                    rows.append(row)
+        stats = pl.DataFrame(rows).select(
+            "doc_id", "action", "stratum", "cohort", "n_paths", *ACCURACY_STATS
+        )
+        frames.append(accuracy_table(stats, model=model, actions=actions, draws=draws, seed=7))
+    tables, figures = folder / "tables", folder / "figures"
+    tables.mkdir(parents=True, exist_ok=True)
+    figures.mkdir(parents=True, exist_ok=True)
+    csv = tables / "accuracy.csv"
+    write_accuracy(pl.concat(frames), csv)
+    outputs = [tables / f"table_accuracy.{e}" for e in ("csv", "md", "tex", "html")]
+    write_accuracy_table(csv, outputs, actions)
+    write_accuracy_figure(csv, figures / "accuracy.png", figures / "accuracy.pdf", actions)

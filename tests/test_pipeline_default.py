@@ -1,7 +1,7 @@
 """The embedded default end to end: `snakemake --cores 2` in a fresh copy of the repository
 materializes SmolLM2 from its package, builds every output of `rule all`, passes the
-full-retention control, and `snakemake --report` collects every figure and table into one HTML
-file."""
+full-retention control, and ends by building the report (`snakemake --report` from the
+workflow's `onsuccess` handler): every figure and table in one HTML file."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from filelock import FileLock
+from test_report import report_entries
 from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
 
@@ -34,6 +35,7 @@ def default_run(tmp_path_factory):
         work = workflow_copy(folder, config="default")
         dry = run_snakemake(work, "-n")
         assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+        assert not (work / "results/report.html").exists()  # a dry run builds no report
         res = run_snakemake(work, timeout=1800)
         assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-5000:]
         record.write_text(json.dumps({"work": str(work), "planned": planned_jobs(dry)}))
@@ -78,11 +80,14 @@ def test_control_is_exact_and_eviction_diverges(default_run):
 
 
 @pytest.mark.slow
-def test_report_holds_every_figure_and_table(default_run):
+def test_the_run_builds_the_report_with_every_figure_and_table(default_run):
+    """The one command's report (no second command), with the accuracy entries."""
     work, _ = default_run
-    with _workflow_lock(work):
-        res = run_snakemake(work, "--report", "results/report.html")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     html = (work / "results/report.html").read_text(errors="replace")
     for name in ("fig5_divergence_cdf", "fig1_introductory_example", "estimators", "table1"):
         assert name in html, name
+    categories, _ = report_entries(html)
+    study = categories["Language-model study"]
+    for s in ("study1", "study2"):
+        assert f"results/{s}/tables/table_accuracy.html" in study["Tables"], s
+        assert f"results/{s}/figures/accuracy.png" in study["Figures"], s

@@ -1,8 +1,8 @@
 """The structure of `snakemake --report`: every entry in a named category and subcategory with
 its caption, every figure once and as PNG (no PDF entries), every table as its HTML rendering,
 CSV only as downloadable data. Built from placed analysis tables (a synthetic study's
-estimands and prediction) and a small finite-state study, so that only the rendering rules
-run."""
+estimands and prediction, and the accuracy rule's outputs from synthetic accuracy statistics)
+and a small finite-state study, so that only the rendering rules run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from study_helpers import STUDY2_LAMBDAS, build_study
+from study_helpers import STUDY2_LAMBDAS, build_accuracy, build_study
 from workflow_helpers import run_snakemake, workflow_copy
 
 TARGETS = [
@@ -24,6 +24,12 @@ TARGETS = [
     "results/study1/figures/fig5_divergence_cdf.png",
     "results/study2/figures/fig5_divergence_cdf.png",
     "results/study2/figures/fig7_branch_contrasts.png",
+]
+# placed (synthetic accuracy statistics), not built: the accuracy rule needs trajectories
+ACCURACY = [
+    f"results/{s}/{f}"
+    for s in ("study1", "study2")
+    for f in ("tables/table_accuracy.html", "figures/accuracy.png")
 ]
 RULES = [
     "introductory_figure",
@@ -65,12 +71,14 @@ def report(tmp_path_factory):
         folder.mkdir(parents=True)
         for f in files:
             shutil.copy(f, folder / f.name)
+    build_accuracy(work / "results" / "study1")
+    build_accuracy(work / "results" / "study2", STUDY2_LAMBDAS)
     small = root / "small.yaml"
     small.write_text("finite_state: {n_systems: 5, n_reps: 400, interval_figure_systems: [0, 4]}\n")
     config = ["--configfile", str(small)]
     res = run_snakemake(work, *TARGETS, "--allowed-rules", *RULES, *config)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    res = run_snakemake(work, *TARGETS, *config, "--report", "report.html")
+    res = run_snakemake(work, *TARGETS, *ACCURACY, *config, "--report", "report.html")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     html = (work / "report.html").read_text(errors="replace")
     return work, *report_entries(html)
@@ -105,7 +113,11 @@ def test_figures_appear_once_as_png(report):
     assert all(p.endswith(".png") for p in figures)
     stems = Counter(Path(p).with_suffix("").as_posix() for p in figures)
     assert max(stems.values()) == 1  # each figure once
-    expected = {f"results/{s}/figures/{n}" for s in ("study1", "study2") for n in STUDY_FIGURES}
+    expected = {
+        f"results/{s}/figures/{n}"
+        for s in ("study1", "study2")
+        for n in [*STUDY_FIGURES, "accuracy"]
+    }
     expected |= {
         "results/study2/figures/fig7_branch_contrasts",
         "results/theory/figures/fig1_introductory_example",
@@ -120,7 +132,9 @@ def test_tables_are_viewable_html(report):
     work, categories, results = report
     tables = categories["Language-model study"]["Tables"]
     expected = {
-        f"results/{s}/tables/table{i}.html" for s in ("study1", "study2") for i in (1, 2, 3, 4)
+        f"results/{s}/tables/table{i}.html"
+        for s in ("study1", "study2")
+        for i in (1, 2, 3, 4, "_accuracy")
     }
     assert set(tables) == expected and len(tables) == len(expected)
     for path in tables + categories["Language-model study"]["Estimands"]:
@@ -137,3 +151,44 @@ def test_tables_are_viewable_html(report):
                 in categories["Language-model study"]["Data"]
                 + categories["Finite-state study"]["Data"]
             ), path
+
+
+@pytest.mark.slow
+def test_accuracy_entries_sit_with_the_study_tables_and_figures(report):
+    """Table A and the accuracy figure of each study: under Language-model study, Tables and
+    Figures, labelled by study, with their captions."""
+    work, categories, results = report
+    study = categories["Language-model study"]
+    for s in ("study1", "study2"):
+        table, figure = (
+            f"results/{s}/tables/table_accuracy.html",
+            f"results/{s}/figures/accuracy.png",
+        )
+        assert table in study["Tables"] and figure in study["Figures"], s
+        assert results[table]["mime_type"] == "text/html"
+        assert "<table" in (work / table).read_text()
+        assert results[figure]["mime_type"] == "image/png"
+        for path in (table, figure):
+            assert results[path]["labels"]["study"] == s, path
+            assert "accuracy" in results[path]["caption"].lower(), path
+
+
+@pytest.mark.parametrize(
+    ("settings", "built"),
+    [
+        ({}, True),
+        ({"targets": {"all"}}, True),
+        ({"dryrun": True}, False),
+        ({"touch": True}, False),
+        ({"remote": True}, False),
+        ({"targets": {"results/study1/tables/estimands.csv"}}, False),
+        ({"targets": {"all", "study_tables"}}, False),
+        ({"target_jobs": ["estimands:study=study1"]}, False),
+    ],
+)
+def test_the_report_follows_only_a_real_run_of_the_default_target(settings, built):
+    """The `onsuccess` handler's decision (workflow/rules/common.smk, `report_after_run`)."""
+    from kvdiverge.workflow_report import wants_report
+
+    run = {"dryrun": False, "touch": False, "remote": False, "targets": set(), "target_jobs": []}
+    assert wants_report(**{**run, **settings}) is built

@@ -24,6 +24,28 @@ def results(path):
     return os.path.join(config["output_dir"], path)
 
 
+def report_after_run():
+    """The `onsuccess` handler (Snakefile): after a real run of the default target, build
+    `<output_dir>/report.html` with the run's effective config (kvdiverge.workflow_report; its
+    output in logs/report.log). Dry runs, `--touch`, cluster jobs, and runs of other targets
+    build none; `snakemake --report` runs no handler."""
+    from snakemake.logging import logger
+    from kvdiverge.workflow_report import build_report, wants_report
+
+    settings = workflow.dag_settings
+    if wants_report(
+        dryrun=workflow.dryrun,
+        touch=workflow.touch,
+        remote=workflow.remote_exec,
+        targets=set(settings.targets),
+        target_jobs=settings.target_jobs,
+    ):
+        path = results("report.html")
+        logger.info(f"Building the report {path} (log: logs/report.log)")
+        build_report(path, workflow.main_snakefile, config, "logs/report.log")
+        logger.info(f"Report: {path}")
+
+
 def script_code(script):
     """Params entry `code`: a fingerprint of every package module the rule's script reaches by
     import, found from the code (kvdiverge.provenance; docs/architecture.md, "Reruns")."""
