@@ -31,7 +31,10 @@ from typing import Any
 import jsonschema
 import yaml
 
+from kvdiverge.groups import FIRST_GROUP, action_groups, study_groups
+
 __all__ = [
+    "FIRST_GROUP",
     "ConfigError",
     "action_groups",
     "check_config",
@@ -289,28 +292,6 @@ def _parse_actions(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _study_cohort(study: str, spec: Mapping[str, Any]) -> str:
     return spec.get("cohort", study)
-
-
-FIRST_GROUP = "main"
-"""The name of a study's one rollout group when its config lists no ``groups``."""
-
-
-def study_groups(config: Mapping[str, Any], study: str) -> dict[str, list[str]]:
-    """The study's rollout groups in config order, group name → its actions (in the study's
-    action order): ``studies.<study>.groups``, else one group :data:`FIRST_GROUP` holding every
-    action. Each group's actions run in one evaluation job per model and stratum; the first
-    group's development rollouts plan the study's K and its lock is the study's lock (README
-    "Compare your own method")."""
-    spec = config["studies"][study]
-    groups = spec.get("groups") or {FIRST_GROUP: list(spec["actions"])}
-    return {
-        group: [a for a in spec["actions"] if a in members] for group, members in groups.items()
-    }
-
-
-def action_groups(config: Mapping[str, Any], study: str) -> dict[str, str]:
-    """The group of each of the study's actions (:func:`study_groups`), by action name."""
-    return {a: g for g, members in study_groups(config, study).items() for a in members}
 
 
 def _check_groups(where: str, spec: Mapping[str, Any], control: str) -> None:

@@ -18,7 +18,7 @@ before the first evaluation rollout of the study starts. It records:
   other fields.
 
 A study whose actions are split into rollout groups (``studies.<study>.groups``,
-:func:`kvdiverge.config.study_groups`) plans K from the FIRST group's development rollouts
+:func:`kvdiverge.groups.study_groups`) plans K from the FIRST group's development rollouts
 alone, and its lock covers the first group: ``design.actions`` are that group's actions and
 ``endpoints.family`` the endpoints among them (with one group, the default, that is every
 action). Each later group gets an amendment (``results/{study}/locks/{group}.json``,
@@ -52,6 +52,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvdiverge.groups import study_groups
 from kvdiverge.io import atomic_write_text
 
 __all__ = [
@@ -123,8 +124,6 @@ def prespecified(
     ``config``: a validated config (defaults filled); ``strata``: the stratum names;
     ``actions``: every action's full spec by name (``ActionSpec.as_dict``).
     """
-    from kvdiverge.config import study_groups
-
     spec = config["studies"][study]
     control = spec.get("control", "full")
     cohort = spec.get("cohort", study)
@@ -159,8 +158,6 @@ def prespecified_group(
 
     ``actions``: every action's full spec by name (``ActionSpec.as_dict``).
     """
-    from kvdiverge.config import study_groups
-
     groups = study_groups(config, study)
     if group not in groups or group == next(iter(groups)):
         later = [g for g in groups if g != next(iter(groups))]
