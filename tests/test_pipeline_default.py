@@ -6,6 +6,7 @@ workflow's `onsuccess` handler): every figure and table in one HTML file."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import polars as pl
@@ -23,8 +24,10 @@ def _workflow_lock(work: Path) -> FileLock:
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     """One run of the default for the whole test session: pytest-xdist workers share it through
-    their common base folder, under a lock (the first one runs it, the others wait and reuse)."""
-    shared = tmp_path_factory.getbasetemp().parent
+    their common base folder, under a lock (the first one runs it, the others wait and reuse).
+    Without xdist the session's own base folder holds it: a later session never reuses it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     with FileLock(str(shared / "default_run.lock")):
         record = shared / "default_run.json"
         if record.exists():
