@@ -237,6 +237,8 @@ def test_accuracy_errors_are_one_line():
 
 
 def test_accuracy_figure_in_house_style(tmp_path):
+    import matplotlib.pyplot as plt
+
     from kvdiverge.plots.accuracy import plot_accuracy, write_accuracy_figure
     from kvdiverge.plots.base import MIN_FONT_PT, TEXT_WIDTH, smallest_font
 
@@ -246,6 +248,7 @@ def test_accuracy_figure_in_house_style(tmp_path):
     assert smallest_font(fig) >= MIN_FONT_PT
     ticks = [t.get_text() for t in fig.axes[1].get_xticklabels()]
     assert ticks == ["early\n(50% of paths)", "late\n(25% of paths)", "never\n(25% of paths)"]
+    plt.close(fig)
     write_accuracy(table, tmp_path / "accuracy.csv")
     write_accuracy_figure(tmp_path / "accuracy.csv", tmp_path / "a.png", tmp_path / "a.pdf")
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "a.pdf").stat().st_size > 0

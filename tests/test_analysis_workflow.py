@@ -151,7 +151,7 @@ def test_analysis_rules_on_synthetic_trajectories(analysed):
     assert all(e["K_dev"] == study["K_dev"] for e in plan["plans"])
     for rule in RULES[:-1] + ["prediction"]:
         assert any((work / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
-        assert any((work / "logs" / "analysis" / rule).rglob("*.log")), rule
+        assert any((work / "results" / "logs" / "analysis" / rule).rglob("*.log")), rule
 
 
 @pytest.mark.slow

@@ -939,11 +939,11 @@ def test_failing_dataset_job_logs_its_traceback_and_points_the_console_at_it(wor
     """The dataset and analysis scripts used to leave their log empty (kvdiverge.logs)."""
     path = tmp_path / "override.yaml"
     path.write_text(yaml.safe_dump({"datasets": {"helmet": {"data_dir": "nowhere"}}}))
-    target = "data/documents/helmet-1024.parquet"
+    target = "results/documents/helmet-1024.parquet"
     res = run_snakemake(work, target, "--configfile", str(path), timeout=300)
     text = res.stdout + res.stderr
     assert res.returncode != 0
-    log = work / "logs" / "datasets" / "materialize_documents" / "helmet-1024.log"
+    log = work / "results" / "logs" / "datasets" / "materialize_documents" / "helmet-1024.log"
     lines = [line for line in text.splitlines() if line.startswith("materialize_documents: ")]
     assert len(lines) == 1 and "HELMET file not found: nowhere/kilt/" in lines[0], text[-3000:]
     assert lines[0].endswith(f"(traceback in {log.relative_to(work)})")

@@ -23,12 +23,12 @@ def _default_strata() -> list[str]:
 
 def test_every_default_stratum_is_a_job(tmp_path):
     work = workflow_copy(tmp_path)
-    targets = [f"data/documents/{s}.parquet" for s in _default_strata()]
+    targets = [f"results/documents/{s}.parquet" for s in _default_strata()]
     assert len(targets) == 6
     run = run_snakemake(work, "-n", *targets)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "materialize_documents" in run.stdout + run.stderr
-    bad = run_snakemake(work, "-n", "data/documents/ruler-999.parquet")
+    bad = run_snakemake(work, "-n", "results/documents/ruler-999.parquet")
     assert bad.returncode != 0  # only configured strata match the wildcard
 
 
@@ -36,9 +36,9 @@ def test_every_default_stratum_is_a_job(tmp_path):
 def test_rule_materializes_a_stratum(tmp_path):
     work = workflow_copy(tmp_path)
     stratum = "ruler-1536"
-    run = run_snakemake(work, f"data/documents/{stratum}.parquet")
+    run = run_snakemake(work, f"results/documents/{stratum}.parquet")
     assert run.returncode == 0, run.stderr[-3000:]
-    frame = read_documents(work / "data" / "documents" / f"{stratum}.parquet")
+    frame = read_documents(work / "results" / "documents" / f"{stratum}.parquet")
     config = yaml.safe_load((work / "config.yaml").read_text())
     cfg = DatasetsConfig.from_config(config["datasets"])
     assert frame.height == sum(cfg.cohorts.values())
@@ -46,13 +46,13 @@ def test_rule_materializes_a_stratum(tmp_path):
     assert {"vt", "cwe", "fwe", "qa_1", "qa_2"} <= set(frame["task"])
     assert (frame["stratum"] == stratum).all()
     assert frame.filter(pl.col("task") == "qa_1")["source"][0].endswith("(synthetic)")
-    log = work / "logs" / "datasets" / "materialize_documents" / f"{stratum}.log"
+    log = work / "results" / "logs" / "datasets" / "materialize_documents" / f"{stratum}.log"
     assert f"{stratum}: {frame.height} documents" in log.read_text()
     bench = work / "results" / "benchmarks" / "materialize_documents" / f"{stratum}.tsv"
     assert bench.is_file()
     # a missing HELMET file fails the job with the one line that names the archive
     config["datasets"]["helmet"]["data_dir"] = "nowhere"
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    run = run_snakemake(work, "data/documents/helmet-1024.parquet")
+    run = run_snakemake(work, "results/documents/helmet-1024.parquet")
     assert run.returncode != 0
     assert "HELMET file not found: nowhere/kilt/" in run.stderr + run.stdout

@@ -58,14 +58,14 @@ def _expected_jobs() -> dict[str, int]:
 
 
 def _planned_paths(text: str) -> list[str]:
-    """Every output and benchmark path of the jobs a dry run lists."""
-    lines = re.findall(r"^\s+(?:output|benchmark): (.*)$", text, re.M)
+    """Every output, log and benchmark path of the jobs a dry run lists."""
+    lines = re.findall(r"^\s+(?:output|log|benchmark): (.*)$", text, re.M)
     return [path for line in lines for path in line.split(", ")]
 
 
 def _outside(paths: list[str], folder: str) -> list[str]:
-    """The paths neither under ``folder`` nor under data/ (documents and models are shared)."""
-    return [p for p in paths if not p.startswith((f"{folder}/", "data/"))]
+    """The paths neither under ``folder`` nor under data/models/ (models are shared)."""
+    return [p for p in paths if not p.startswith((f"{folder}/", "data/models/"))]
 
 
 def _paper_dry_run(tmp_path, *options: str):
@@ -121,8 +121,8 @@ def test_slurm_profile_dry_run_resolves_gpu_resources(tmp_path):
 
 @pytest.mark.slow
 def test_output_dir_holds_every_result_and_benchmark(tmp_path):
-    """Another `output_dir` moves every job's outputs and benchmark records, and the targets of
-    `rule all`, under it: nothing is planned under results/."""
+    """Another `output_dir` moves every job's outputs, documents, logs and benchmark records,
+    and the targets of `rule all`, under it: nothing is planned under results/ or logs/."""
     work = workflow_copy(tmp_path)
     res = run_snakemake(work, "-n", "--config", "output_dir=runs/other")
     text = res.stdout + res.stderr
@@ -133,6 +133,8 @@ def test_output_dir_holds_every_result_and_benchmark(tmp_path):
     assert len(paths) == len(_planned_paths(default.stdout + default.stderr))
     assert "runs/other/benchmarks/estimands/study1.tsv" in paths
     assert "runs/other/study2/figures/fig5_divergence_cdf.png" in paths
+    assert "runs/other/documents/ruler-1024.parquet" in paths
+    assert "runs/other/logs/analysis/estimands/study1.log" in paths
     assert _outside(paths, "runs/other") == []
     rule_all = re.search(r"^(?:local)?rule all:\n    input: (.*)$", text, re.M).group(1).split(", ")
     assert rule_all and _outside(rule_all, "runs/other") == []

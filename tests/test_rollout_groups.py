@@ -217,9 +217,12 @@ def test_an_action_appended_in_a_new_group_reruns_only_that_group(tmp_path):
     from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
 
     work = workflow_copy(tmp_path)
-    (work / "data" / "documents").mkdir(parents=True)
-    shutil.copy(DOCUMENTS, work / "data" / "documents" / "ruler-1024.parquet")
-    models = ["tiny-llama", "tiny-qwen"]
+    (work / "results" / "documents").mkdir(parents=True)
+    shutil.copy(DOCUMENTS, work / "results" / "documents" / "ruler-1024.parquet")
+    models = ["tiny-llama"]  # one model keeps the test short; the groups are per study
+    base = yaml.safe_load((work / "config.yaml").read_text())
+    base["models"] = {m: base["models"][m] for m in models}
+    (work / "config.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
     first = ["snapkv-half", "recent-half", "full"]
     rules = [
         "dev_rollout_study1",

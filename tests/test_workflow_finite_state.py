@@ -54,7 +54,7 @@ def test_finite_state_target_runs(tmp_path):
     assert sorted(set(windows["L"].to_list())) == SMALL["window_depths"]
     for path in FIGURES:
         assert (work / path).stat().st_size > 5000, path
-    assert (work / "logs/finite_state/systems.log").read_text().count("system ") >= 3
+    assert (work / "results/logs/finite_state/systems.log").read_text().count("system ") >= 3
     for rule in ("finite_state_systems", "finite_state_figures"):
         assert list((work / "results/benchmarks" / rule).glob("*.tsv")), rule
     # up to date: a second run does nothing

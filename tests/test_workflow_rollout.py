@@ -83,12 +83,12 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
     assert (work / "data/models/tiny-qwen/tokenizer.json").exists()
     # one job per (study, model, stratum): one log and one benchmark each
     for study, model in jobs:
-        log = work / f"logs/rollout/{study}/{model}/ruler-1024.log"
+        log = work / f"results/logs/rollout/{study}/{model}/ruler-1024.log"
         assert "doc" in log.read_text()  # tqdm progress per document
         assert (work / f"results/benchmarks/rollout/{study}/{model}/ruler-1024.tsv").exists()
-    assert len(list((work / "logs" / "rollout").rglob("*.log"))) == len(jobs)
+    assert len(list((work / "results" / "logs" / "rollout").rglob("*.log"))) == len(jobs)
     # each study's plan needs the development files of every model
-    assert len(list((work / "logs" / "dev_rollout").rglob("*.log"))) == 4
+    assert len(list((work / "results" / "logs" / "dev_rollout").rglob("*.log"))) == 4
     locks = {study: read_lock(work / f"results/{study}/lock.json") for study in SMALL["studies"]}
     plan1 = json.loads((work / "results/study1/plan.json").read_text())
     assert plan1["K_source"] == "plan" and 1 <= plan1["K"] <= 3

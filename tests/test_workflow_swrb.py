@@ -81,8 +81,8 @@ def _document_values(path) -> pl.DataFrame:
 def test_swrb_coupling_runs_from_the_config_to_the_tables(tmp_path):
     work = workflow_copy(tmp_path)
     (work / "config.yaml").write_text(yaml.safe_dump(_config(), sort_keys=False))
-    (work / "data" / "documents").mkdir(parents=True)
-    shutil.copy(FIXTURE, work / "data" / "documents" / "ruler-1024.parquet")
+    (work / "results" / "documents").mkdir(parents=True)
+    shutil.copy(FIXTURE, work / "results" / "documents" / "ruler-1024.parquet")
     targets = [
         "results/study1/tables/swrb_estimands.csv",
         "results/study1/figures/swrb_divergence_cdf.png",

@@ -1,6 +1,6 @@
 """The documents table: its contract, its writer and its one reader.
 
-One Parquet file per stratum, ``data/documents/{stratum}.parquet``, written by rule
+One Parquet file per stratum, ``<output_dir>/documents/{stratum}.parquet``, written by rule
 ``materialize_documents`` (`docs/architecture.md`, "File contracts"): one row per document with
 the columns of :data:`DOCUMENTS_SCHEMA`, ``doc_id`` unique. Every stage that reads documents
 (the rollout job, the document statistics, accuracy) reads them with :func:`read_documents`.

@@ -72,16 +72,27 @@ def _parents(name: str) -> list[str]:
 
 def _direct_imports(path: Path, own: str | None) -> set[str]:
     """Package modules named by the import statements of the file ``path`` (module ``own``)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    found = _imported_names(path.read_text(), own, path.name == "__init__.py")
+    return {
+        name
+        for name in found
+        if (name == PACKAGE or name.startswith(PACKAGE + ".")) and module_file(name) is not None
+    }
+
+
+@cache
+def _imported_names(source: str, own: str | None, is_package: bool) -> frozenset[str]:
+    """Every module name the import statements of ``source`` (module ``own``, a package's
+    ``__init__`` when ``is_package``) name, relative imports resolved. Cached by the source
+    text: one workflow parse fingerprints the same modules for many rules."""
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the importing module's package
                 if own is None:
                     continue
-                is_package = path.name == "__init__.py"
                 base = own.split(".")
                 base = base if is_package else base[:-1]
                 base = base[: len(base) - (node.level - 1)]
@@ -91,11 +102,7 @@ def _direct_imports(path: Path, own: str | None) -> set[str]:
             found.add(module)
             # `from pkg import sub` imports the submodule `pkg.sub` when there is one
             found.update(f"{module}.{alias.name}" for alias in node.names)
-    return {
-        name
-        for name in found
-        if (name == PACKAGE or name.startswith(PACKAGE + ".")) and module_file(name) is not None
-    }
+    return frozenset(found)
 
 
 def imported_modules(entries: Iterable[str | os.PathLike]) -> list[str]:
@@ -154,6 +161,16 @@ def _registered_class_lines(tree: ast.Module) -> dict[str, range]:
     return found
 
 
+@cache
+def _without_registered_classes(source: str) -> str:
+    """``source`` less its registered selector classes (:func:`_registered_class_lines`)."""
+    lines = source.splitlines()
+    drop = set()
+    for span in _registered_class_lines(ast.parse(source)).values():
+        drop.update(span)
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop) + "\n"
+
+
 def selector_code(selector: str) -> str:
     """The code (:func:`code_text`) of one selector, named ``"module:Class"``: the class alone
     when its module belongs to the package, else its whole module (a method of one's own may
@@ -188,11 +205,7 @@ def script_fingerprint(*entries: str | os.PathLike, selectors: Iterable[str] | N
     for name in imported_modules(entries):
         source = module_file(name).read_text(encoding="utf-8")
         if selectors is not None:
-            lines = source.splitlines()
-            drop = set()
-            for span in _registered_class_lines(ast.parse(source)).values():
-                drop.update(span)
-            source = "\n".join(line for i, line in enumerate(lines) if i not in drop) + "\n"
+            source = _without_registered_classes(source)
         digest.update(name.encode() + b"\0")
         digest.update(code_text(source).encode())
     for selector in sorted(set(selectors or ())):
@@ -201,6 +214,7 @@ def script_fingerprint(*entries: str | os.PathLike, selectors: Iterable[str] | N
     return digest.hexdigest()[:16]
 
 
+@cache
 def code_text(source: str) -> str:
     """``source`` without its docstrings, comments and blank lines, and with trailing spaces
     removed: the part of a module that can change what it computes.

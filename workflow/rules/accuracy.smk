@@ -13,7 +13,7 @@ rule accuracy:
             stratum=[s.name for s in DATASETS.strata],
         ),
         documents=expand(
-            "data/documents/{stratum}.parquet", stratum=[s.name for s in DATASETS.strata]
+            results("documents/{stratum}.parquet"), stratum=[s.name for s in DATASETS.strata]
         ),
         models=lambda w: [
             model_path(m) for m in config["models"] if m in demo_models() + sourced_models()
@@ -39,7 +39,7 @@ rule accuracy:
         ),
         pdf=results("{study}/figures/accuracy.pdf"),
     log:
-        "logs/analysis/accuracy/{study}.log",
+        logs("analysis/accuracy/{study}.log"),
     benchmark:
         results("benchmarks/accuracy/{study}.tsv")
     wildcard_constraints:

@@ -7,17 +7,12 @@
 
 rule document_stats:
     input:
-        trajectories=lambda w: [
-            f
-            for stage in ("dev", "evaluation")
-            for files in study_trajectory_files(w.study, [w.model], stage).values()
-            for f in files
-        ],
-        documents=expand("data/documents/{stratum}.parquet", stratum=study_strata()),
+        unpack(lambda w: keyed("trajectories", action_trajectory_files(w.study, w.model))),
+        documents=expand(results("documents/{stratum}.parquet"), stratum=study_strata()),
     output:
         results("{study}/{model}/document_stats.parquet"),
     log:
-        "logs/analysis/document_stats/{study}/{model}.log",
+        logs("analysis/document_stats/{study}/{model}.log"),
     benchmark:
         results("benchmarks/document_stats/{study}/{model}.tsv")
     wildcard_constraints:
@@ -26,12 +21,6 @@ rule document_stats:
     conda:
         "../../envs/analysis.yaml"
     params:
-        files=lambda w: {
-            action: study_trajectory_files(w.study, [w.model], "dev").get(action, []) + evaluation
-            for action, evaluation in study_trajectory_files(
-                w.study, [w.model], "evaluation"
-            ).items()
-        },
         development=lambda w: rollout_groups(w.study)[first_group(w.study)],
         control=lambda w: config["studies"][w.study]["control"],
         clock=config["analysis"]["clock"],
@@ -42,13 +31,13 @@ rule document_stats:
 
 rule estimands:
     input:
-        stats=lambda w: expand(
-            results("{study}/{model}/document_stats.parquet"),
-            study=w.study,
-            model=config["models"],
+        unpack(lambda w: keyed("stats", document_stats_files(w.study))),
+        unpack(
+            lambda w: keyed(
+                "amendment", {g: group_lock(w.study, g) for g in later_groups(w.study)}
+            )
         ),
         lock=results("{study}/lock.json"),
-        amendments=lambda w: [group_lock(w.study, group) for group in later_groups(w.study)],
         trajectories=lambda w: [
             f
             for files in study_trajectory_files(w.study, config["models"], "evaluation").values()
@@ -64,7 +53,7 @@ rule estimands:
         ),
         md=results("{study}/tables/estimands.md"),
     log:
-        "logs/analysis/estimands/{study}.log",
+        logs("analysis/estimands/{study}.log"),
     benchmark:
         results("benchmarks/estimands/{study}.tsv")
     wildcard_constraints:
@@ -72,7 +61,6 @@ rule estimands:
     conda:
         "../../envs/analysis.yaml"
     params:
-        models=list(config["models"]),
         study=lambda w: config["studies"][w.study],
         cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
         strata=study_strata(),
@@ -90,11 +78,7 @@ rule estimands:
 
 rule prediction:
     input:
-        stats=lambda w: expand(
-            results("{study}/{model}/document_stats.parquet"),
-            study=w.study,
-            model=config["models"],
-        ),
+        unpack(lambda w: keyed("stats", document_stats_files(w.study))),
     output:
         report(
             results("{study}/tables/prediction.csv"),
@@ -104,7 +88,7 @@ rule prediction:
             labels={"study": "{study}", "table": "prediction (CSV)"},
         ),
     log:
-        "logs/analysis/prediction/{study}.log",
+        logs("analysis/prediction/{study}.log"),
     benchmark:
         results("benchmarks/prediction/{study}.tsv")
     wildcard_constraints:
@@ -112,10 +96,9 @@ rule prediction:
     conda:
         "../../envs/analysis.yaml"
     params:
-        models=list(config["models"]),
         pair=lambda w: config["analysis"]["prediction"]["pairs"].get(w.study),
         eval_cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
-        settings=config["analysis"]["prediction"],
+        settings=prediction_settings(),
         alpha=config["analysis"]["alpha"],
         level=config["analysis"]["level"],
         seed=config["seed"],
@@ -126,15 +109,11 @@ rule prediction:
 
 rule plan_sample_sizes:
     input:
-        development=lambda w: [
-            f
-            for files in study_trajectory_files(w.study, config["models"], "dev").values()
-            for f in files
-        ],
+        unpack(lambda w: keyed("development", development_files(w.study))),
     output:
         results("{study}/plan.json"),
     log:
-        "logs/analysis/plan_sample_sizes/{study}.log",
+        logs("analysis/plan_sample_sizes/{study}.log"),
     benchmark:
         results("benchmarks/plan_sample_sizes/{study}.tsv")
     wildcard_constraints:
@@ -142,10 +121,8 @@ rule plan_sample_sizes:
     conda:
         "../../envs/analysis.yaml"
     params:
-        models=list(config["models"]),
         actions=lambda w: rollout_groups(w.study)[first_group(w.study)],
         control=lambda w: config["studies"][w.study]["control"],
-        strata=study_strata(),
         cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
         documents_per_stratum=lambda w: config["datasets"]["cohorts"][
             config["studies"][w.study].get("cohort", w.study)
@@ -163,7 +140,7 @@ rule prespecify:
     output:
         results("{study}/lock.json"),
     log:
-        "logs/analysis/prespecify/{study}.log",
+        logs("analysis/prespecify/{study}.log"),
     benchmark:
         results("benchmarks/prespecify/{study}.tsv")
     wildcard_constraints:
@@ -183,7 +160,7 @@ rule prespecify_group:
     output:
         results("{study}/locks/{group}.json"),
     log:
-        "logs/analysis/prespecify_group/{study}/{group}.log",
+        logs("analysis/prespecify_group/{study}/{group}.log"),
     benchmark:
         results("benchmarks/prespecify_group/{study}/{group}.tsv")
     wildcard_constraints:

@@ -20,15 +20,22 @@ check_configured_models(config)
 
 def results(path):
     """``path`` under the config's output folder (`output_dir`, default `results`): every
-    result, benchmark record and the report of this workflow. `{wildcards}` stay as they are."""
+    result, benchmark record, log, the documents and the report of this workflow.
+    `{wildcards}` stay as they are."""
     return os.path.join(config["output_dir"], path)
+
+
+def logs(path):
+    """``path`` under the config's log folder, `<output_dir>/logs`: one log per job, so that
+    two configs never write over each other's logs."""
+    return results(os.path.join("logs", path))
 
 
 def report_after_run():
     """The `onsuccess` handler (Snakefile): after a real run of the default target, build
     `<output_dir>/report.html` with the run's effective config (kvdiverge.workflow_report; its
-    output in logs/report.log). Dry runs, `--touch`, cluster jobs, and runs of other targets
-    build none; `snakemake --report` runs no handler."""
+    output in <output_dir>/logs/report.log). Dry runs, `--touch`, cluster jobs, and runs of
+    other targets build none; `snakemake --report` runs no handler."""
     from snakemake.logging import logger
     from kvdiverge.workflow_report import build_report, wants_report
 
@@ -41,8 +48,8 @@ def report_after_run():
         target_jobs=settings.target_jobs,
     ):
         path = results("report.html")
-        logger.info(f"Building the report {path} (log: logs/report.log)")
-        build_report(path, workflow.main_snakefile, config, "logs/report.log")
+        logger.info(f"Building the report {path} (log: {logs('report.log')})")
+        build_report(path, workflow.main_snakefile, config, logs("report.log"))
         logger.info(f"Report: {path}")
 
 
@@ -228,6 +235,12 @@ def group_trajectories(study, group):
     return {action: files[action] for action in rollout_groups(study)[group]}
 
 
+def group_folder(study, group):
+    """The folder of a rollout group's evaluation logs and benchmark records: `<study>` for the
+    first group (as without groups), `<study>/<group>` for a later one."""
+    return study if group == first_group(study) else f"{study}/{group}"
+
+
 def group_lock(study, group):
     """The lock a rollout group's evaluation runs under: the study's lock for the first group,
     the group's amendment (rule prespecify_group) for a later one."""
@@ -318,6 +331,47 @@ def study_trajectory_files(study, models, stage):
         ]
         for action in actions or config["studies"][study]["actions"]
     }
+
+
+def keyed(prefix, paths):
+    """Named inputs `<prefix>/<key>`, one per entry of the mapping key -> path(s): a script
+    reads them back by key (kvdiverge.rule_inputs.keyed_inputs), never by position."""
+    return {f"{prefix}/{key}": path for key, path in paths.items()}
+
+
+def document_stats_files(study):
+    """The study's document-statistics file of each model, by model."""
+    return {model: results(f"{study}/{model}/document_stats.parquet") for model in config["models"]}
+
+
+def action_trajectory_files(study, model):
+    """One model's trajectory files of the study by action: development then evaluation
+    files (an action of a later rollout group has evaluation files only)."""
+    dev = study_trajectory_files(study, [model], "dev")
+    return {
+        action: dev.get(action, []) + evaluation
+        for action, evaluation in study_trajectory_files(study, [model], "evaluation").items()
+    }
+
+
+def development_files(study):
+    """The study's development trajectory files by `<model>/<action>/<stratum>`, the keys
+    kvdiverge.rule_inputs.keyed_inputs splits back into (model, action, stratum)."""
+    actions = rollout_groups(study)[first_group(study)]
+    return {
+        f"{model}/{action}/{stratum}": results(
+            f"{study}/{model}/dev/trajectories/{action}/{stratum}.parquet"
+        )
+        for model in config["models"]
+        for action in actions
+        for stratum in study_strata()
+    }
+
+
+def prediction_settings():
+    """config.analysis.prediction less the per-study pairs (each job gets its own pair), so
+    that editing one study's pair reruns only that study's prediction."""
+    return {k: v for k, v in config["analysis"]["prediction"].items() if k != "pairs"}
 
 
 def prespecified_study(wildcards):

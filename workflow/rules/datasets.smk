@@ -5,9 +5,9 @@ rule materialize_documents:
     input:
         unpack(documents_inputs),
     output:
-        "data/documents/{stratum}.parquet",
+        results("documents/{stratum}.parquet"),
     log:
-        "logs/datasets/materialize_documents/{stratum}.log",
+        logs("datasets/materialize_documents/{stratum}.log"),
     benchmark:
         results("benchmarks/materialize_documents/{stratum}.tsv")
     wildcard_constraints:

@@ -14,7 +14,7 @@ rule introductory_figure:
         ),
         pdf=results("theory/figures/fig1_introductory_example.pdf"),
     log:
-        "logs/figures/introductory_figure.log",
+        logs("figures/introductory_figure.log"),
     benchmark:
         results("benchmarks/introductory_figure/introductory_figure.tsv")
     localrule: True
@@ -65,7 +65,7 @@ rule study_figures:
         ),
         decomposition_pdf=results("{study}/figures/decomposition.pdf"),
     log:
-        "logs/figures/study_figures/{study}.log",
+        logs("figures/study_figures/{study}.log"),
     benchmark:
         results("benchmarks/study_figures/{study}.tsv")
     wildcard_constraints:
@@ -94,7 +94,7 @@ rule study_branch_figure:
         ),
         fig7_branch_contrasts_pdf=results("{study}/figures/fig7_branch_contrasts.pdf"),
     log:
-        "logs/figures/study_branch_figure/{study}.log",
+        logs("figures/study_branch_figure/{study}.log"),
     benchmark:
         results("benchmarks/study_branch_figure/{study}.tsv")
     wildcard_constraints:
@@ -164,7 +164,7 @@ rule study_tables:
             labels={"study": "{study}", "table": "estimands: summary"},
         ),
     log:
-        "logs/figures/study_tables/{study}.log",
+        logs("figures/study_tables/{study}.log"),
     benchmark:
         results("benchmarks/study_tables/{study}.tsv")
     wildcard_constraints:

@@ -13,7 +13,7 @@ rule finite_state_systems:
         ),
         windows=results("finite_state/windows.csv"),
     log:
-        "logs/finite_state/systems.log",
+        logs("finite_state/systems.log"),
     benchmark:
         results("benchmarks/finite_state_systems/systems.tsv")
     conda:
@@ -48,7 +48,7 @@ rule finite_state_figures:
         ),
         interval_pdf=results("finite_state/figures/identified_interval.pdf"),
     log:
-        "logs/finite_state/figures.log",
+        logs("finite_state/figures.log"),
     benchmark:
         results("benchmarks/finite_state_figures/figures.tsv")
     localrule: True

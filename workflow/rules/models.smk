@@ -31,7 +31,7 @@ rule build_demo_model:
     output:
         directory("data/models/{model}"),
     log:
-        "logs/models/build_demo_model/{model}.log",
+        logs("models/build_demo_model/{model}.log"),
     benchmark:
         results("benchmarks/build_demo_model/{model}.tsv")
     wildcard_constraints:
@@ -55,7 +55,7 @@ rule materialize_model:
     output:
         directory("data/models/{model}"),
     log:
-        "logs/models/materialize_model/{model}.log",
+        logs("models/materialize_model/{model}.log"),
     benchmark:
         results("benchmarks/materialize_model/{model}.tsv")
     wildcard_constraints:

@@ -16,12 +16,12 @@ for study in config["studies"]:
         name:
             f"dev_rollout_{study}"
         input:
-            documents="data/documents/{stratum}.parquet",
+            documents=results("documents/{stratum}.parquet"),
             model=rollout_model_input,
         output:
             **dev_rollout_trajectories(study),
         log:
-            f"logs/dev_rollout/{study}/{{model}}/{{stratum}}.log",
+            logs(f"dev_rollout/{study}/{{model}}/{{stratum}}.log"),
         benchmark:
             results(f"benchmarks/dev_rollout/{study}/{{model}}/{{stratum}}.tsv")
         wildcard_constraints:
@@ -47,56 +47,23 @@ for study in config["studies"]:
         script:
             "../scripts/dev_rollout.py"
 
-    rule:
-        name:
-            f"rollout_{study}"
-        input:
-            documents="data/documents/{stratum}.parquet",
-            model=rollout_model_input,
-            lock=results(f"{study}/lock.json"),
-        output:
-            **group_trajectories(study, first_group(study)),
-        log:
-            f"logs/rollout/{study}/{{model}}/{{stratum}}.log",
-        benchmark:
-            results(f"benchmarks/rollout/{study}/{{model}}/{{stratum}}.tsv")
-        wildcard_constraints:
-            model="|".join(config["models"]) or "no-model",
-            stratum="[^/]+",
-        conda:
-            "../../envs/rollout.yaml"
-        threads: 1
-        resources:
-            gpu=rollout_gpus(),
-            mem_mb=16000,
-            runtime=240,
-        params:
-            model=rollout_model,
-            actions=rollout_actions(study, first_group(study)),
-            H=config["rollout"]["H"],
-            seed=config["seed"],
-            coupling=config["rollout"]["coupling"],
-            max_batch_rows=config["rollout"]["max_batch_rows"],
-            device=config["rollout"]["device"],
-            code=rollout_code(study, rollout_script()),
-        script:
-            f"../scripts/{rollout_script()}"
-
-    for group in later_groups(study):
+    for group in rollout_groups(study):
 
         rule:
             name:
                 rollout_rule_name(study, group)
             input:
-                documents="data/documents/{stratum}.parquet",
+                documents=results("documents/{stratum}.parquet"),
                 model=rollout_model_input,
                 lock=group_lock(study, group),
             output:
                 **group_trajectories(study, group),
             log:
-                f"logs/rollout/{study}/{group}/{{model}}/{{stratum}}.log",
+                logs(f"rollout/{group_folder(study, group)}/{{model}}/{{stratum}}.log"),
             benchmark:
-                results(f"benchmarks/rollout/{study}/{group}/{{model}}/{{stratum}}.tsv")
+                results(
+                    f"benchmarks/rollout/{group_folder(study, group)}/{{model}}/{{stratum}}.tsv"
+                )
             wildcard_constraints:
                 model="|".join(config["models"]) or "no-model",
                 stratum="[^/]+",

@@ -19,7 +19,7 @@ rule swrb_estimands:
         ),
         md=results("{study}/tables/swrb_estimands.md"),
     log:
-        "logs/analysis/swrb_estimands/{study}.log",
+        logs("analysis/swrb_estimands/{study}.log"),
     benchmark:
         results("benchmarks/swrb_estimands/{study}.tsv")
     wildcard_constraints:
@@ -60,7 +60,7 @@ rule swrb_figures:
         ),
         fig5_divergence_cdf_strata_pdf=results("{study}/figures/swrb_divergence_cdf_strata.pdf"),
     log:
-        "logs/figures/swrb_figures/{study}.log",
+        logs("figures/swrb_figures/{study}.log"),
     benchmark:
         results("benchmarks/swrb_figures/{study}.tsv")
     wildcard_constraints:

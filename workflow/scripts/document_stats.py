@@ -5,8 +5,11 @@ from kvdiverge.logs import job_log
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
 from kvdiverge.analysis.document_stats import document_stats, write_document_stats  # noqa: E402
+from kvdiverge.rule_inputs import keyed_inputs  # noqa: E402
 
-files = {action: list(paths) for action, paths in snakemake.params.files.items()}
+files = {
+    action: list(paths) for action, paths in keyed_inputs(snakemake.input, "trajectories").items()
+}
 stats, clock = document_stats(
     files,
     list(snakemake.input.documents),

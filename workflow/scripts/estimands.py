@@ -14,16 +14,15 @@ from kvdiverge.analysis.estimands import (  # noqa: E402
     write_estimands,
 )
 from kvdiverge.analysis.prespecification import check_lock  # noqa: E402
+from kvdiverge.rule_inputs import keyed_inputs  # noqa: E402
 from kvdiverge.trajectories import read_trajectory_metadata  # noqa: E402
 
 p = snakemake.params
 study = p.study
 # Before any work: the config still implies the lock and every later rollout group's amendment,
 # and each evaluation file ran under its group's.
-amendments = {
-    group: (path, spec)
-    for (group, spec), path in zip(p.amendments.items(), snakemake.input.amendments, strict=True)
-}
+amendment_files = keyed_inputs(snakemake.input, "amendment")
+amendments = {group: (amendment_files[group], spec) for group, spec in p.amendments.items()}
 lock = check_lock(
     snakemake.input.lock,
     p.prespecified,
@@ -33,7 +32,7 @@ lock = check_lock(
 log.info("lock %s holds for %d evaluation files", lock["hash"], len(snakemake.input.trajectories))
 contrasts = [tuple(c) for c in p.contrasts] if p.contrasts else None
 tables = []
-for model, path in zip(p.models, snakemake.input.stats, strict=True):
+for model, path in keyed_inputs(snakemake.input, "stats").items():
     stats, clock = read_document_stats(path)
     worst = control_max_tv(stats, study["control"])
     if worst:

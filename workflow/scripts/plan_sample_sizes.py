@@ -1,7 +1,6 @@
 """Rule plan_sample_sizes: the evaluation K from the development rollouts alone."""
 
 import json
-from itertools import product
 
 from kvdiverge.logs import job_log
 
@@ -9,11 +8,11 @@ log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
 from kvdiverge.analysis.planning import study_plan  # noqa: E402
 from kvdiverge.io import atomic_write_text  # noqa: E402
+from kvdiverge.rule_inputs import keyed_inputs, split_keys  # noqa: E402
 
 p = snakemake.params
-keys = [(m, a, s) for a, m, s in product(p.actions, p.models, p.strata)]  # the rule's order
 plan = study_plan(
-    dict(zip(keys, snakemake.input.development, strict=True)),
+    split_keys(keyed_inputs(snakemake.input, "development"), 3),  # (model, action, stratum)
     actions=list(p.actions),
     control=p.control,
     documents_per_stratum=p.documents_per_stratum,

@@ -10,6 +10,7 @@ from kvdiverge.analysis.document_stats import AnalysisInputError, read_document_
 from kvdiverge.analysis.estimands import study_seed  # noqa: E402
 from kvdiverge.analysis.prediction import prediction_table  # noqa: E402
 from kvdiverge.io import atomic_path  # noqa: E402
+from kvdiverge.rule_inputs import keyed_inputs  # noqa: E402
 
 p = snakemake.params
 study = snakemake.wildcards.study
@@ -19,7 +20,7 @@ if not p.pair:
     )
 settings = p.settings
 tables = []
-for model, path in zip(p.models, snakemake.input.stats, strict=True):
+for model, path in keyed_inputs(snakemake.input, "stats").items():
     stats, clock = read_document_stats(path)
     tables.append(
         prediction_table(

@@ -130,7 +130,7 @@ def write_synthetic_study(
 
     ``strata_pairs[stratum][action]``: kernel pairs (e.g. from :func:`stratum_pairs`);
     ``cohorts[name] = (documents per stratum, K)``. Writes
-    ``data/documents/{stratum}.parquet`` and
+    ``results/documents/{stratum}.parquet`` and
     ``results/{study}/{model}/trajectories/{action}/{stratum}.parquet``; the
     control action, if named, runs every document with ``control_K`` replicates. Returns
     ``{"documents": {stratum: path}, "<action>": {stratum: path}, ...}``.
@@ -157,7 +157,7 @@ def write_synthetic_study(
                         "seed": seed,
                     }
                 )
-        doc_path = root / "data" / "documents" / f"{stratum}.parquet"
+        doc_path = root / "results" / "documents" / f"{stratum}.parquet"
         with atomic_path(doc_path, suffix=".parquet") as tmp:
             pl.DataFrame(doc_rows, schema_overrides={"answers": pl.List(pl.String)}).write_parquet(
                 tmp
