@@ -42,8 +42,8 @@ def _workdir(tmp_path: Path, package: bool = False) -> Path:
     """A copy of the workflow (tests/workflow_helpers.py) with the fixture stratum's documents
     (and its own copy of the package with ``package``)."""
     work = workflow_copy(tmp_path, package=package)
-    (work / "data" / "documents").mkdir(parents=True)
-    shutil.copy(FIXTURE, work / "data" / "documents" / "ruler-1024.parquet")
+    (work / "results" / "documents").mkdir(parents=True)
+    shutil.copy(FIXTURE, work / "results" / "documents" / "ruler-1024.parquet")
     return work
 
 
