@@ -174,3 +174,36 @@ def test_rollout_fingerprint_covers_only_the_selectors_used(package):
         fp("fp_pkg.a:Absent")
     with pytest.raises(ModuleNotFoundError, match="no module named 'nowhere'"):
         fp("nowhere:X")
+
+
+def test_source_analyses_are_cached_across_processes_by_content(tmp_path):
+    """The on-disk cache (KVDIVERGE_CACHE) gives the same fingerprints cold, warm and after
+    its file is corrupted, and a source that changes is analysed anew."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    module = tmp_path / "fp_cached.py"
+    module.write_text("import kvdiverge.groups\nx = 1  # one\n")
+    probe = (
+        "import sys; from kvdiverge.provenance import code_text, script_fingerprint; "
+        "print(script_fingerprint(sys.argv[1]), repr(code_text(open(sys.argv[1]).read())))"
+    )
+
+    def run() -> str:
+        env = {**os.environ, "KVDIVERGE_CACHE": str(cache)}
+        args = [sys.executable, "-c", probe, str(module)]
+        return subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
+
+    cold = run()
+    files = list(cache.glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())  # written at exit
+    assert run() == cold  # warm
+    files[0].write_text("{not json")
+    assert run() == cold  # a corrupt file is ignored and rewritten
+    assert json.loads(files[0].read_text())
+    module.write_text("import kvdiverge.groups\nx = 2  # one\n")
+    changed = run()
+    assert changed != cold and "x = 2" in changed

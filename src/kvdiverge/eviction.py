@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar
 
-import torch
-import torch.nn.functional as F
+if typing.TYPE_CHECKING:  # torch is imported where it runs: parsing a config does not load it
+    import torch
 
 __all__ = [
     "ActionError",
@@ -160,7 +160,6 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [layer.self_attn for layer in layers]
 
 
-@torch.no_grad()
 def run_prefill(
     model: torch.nn.Module,
     input_ids: Sequence[int] | torch.Tensor,
@@ -177,6 +176,20 @@ def run_prefill(
     first, then sees every attention layer after its forward (:meth:`Selector.observe`, as a
     kvpress press's forward hook does); what it returns is kept in ``Prefill.observed``.
     """
+    import torch
+
+    with torch.no_grad():
+        return _run_prefill(model, input_ids, query_window, actions)
+
+
+def _run_prefill(
+    model: torch.nn.Module,
+    input_ids: Sequence[int] | torch.Tensor,
+    query_window: int,
+    actions: Sequence[ActionSpec | Mapping[str, Any]],
+) -> Prefill:
+    import torch
+
     device = next(model.parameters()).device
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=device).reshape(1, -1)
     n = ids.shape[1]
@@ -321,6 +334,8 @@ class ScoredSelector(Selector):
         raise NotImplementedError
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
+        import torch
+
         n = prefill.n
         device = prefill.keys[0].device
         always = torch.as_tensor(self.always_kept(n), dtype=torch.long, device=device)
@@ -570,6 +585,8 @@ class RecentSelector(ScoredSelector):
         return range(self.sinks)
 
     def score(self, prefill: Prefill, action: ActionSpec, layer: int) -> torch.Tensor:
+        import torch
+
         n_kv, n = prefill.keys[layer].shape[:2]
         position = torch.arange(n, dtype=torch.float64, device=prefill.keys[layer].device)
         return position.expand(n_kv, n)  # the most recent score highest
@@ -588,6 +605,9 @@ def snapkv_scores(
     the w queries, zero-padded average pooling (kernel k, stride 1) and the mean over the
     query heads of each KV group.
     """
+    import torch
+    import torch.nn.functional as F
+
     q = window_queries[:, -window:]
     n_heads, w, d = q.shape
     n = keys.shape[1]
@@ -635,6 +655,8 @@ class SnapKVSelector(ScoredSelector):
         return range(n - self.window, n)
 
     def score(self, prefill: Prefill, action: ActionSpec, layer: int) -> torch.Tensor:
+        import torch.nn.functional as F
+
         w = self.window
         if not prefill.window_queries or prefill.window_queries[0].shape[1] < w:
             raise ActionError(f"action {action.name!r}: prefill did not record {w} window queries")
@@ -644,6 +666,8 @@ class SnapKVSelector(ScoredSelector):
 
 
 def _all_positions(prefill: Prefill, n: int) -> torch.Tensor:
+    import torch
+
     n_layers, n_kv = len(prefill.keys), prefill.keys[0].shape[0]
     return torch.arange(n, device=prefill.keys[0].device).expand(n_layers, n_kv, n).clone()
 

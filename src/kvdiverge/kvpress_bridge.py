@@ -38,9 +38,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvdiverge.eviction import (
     ActionError,
@@ -51,6 +49,9 @@ from kvdiverge.eviction import (
     _check_budget_field,
     register_selector,
 )
+
+if TYPE_CHECKING:  # torch is imported where it runs: parsing a config does not load it
+    import torch
 
 __all__ = ["KvpressSelector", "REFUSED", "attention_probabilities"]
 
@@ -174,6 +175,8 @@ def attention_probabilities(layer: LayerInputs) -> torch.Tensor:
     the layer's keys and values and a 0/−max additive causal mask (transformers' eager mask) to
     the model's own ``eager_attention_forward``: float32 softmax cast back to the model's dtype.
     """
+    import torch
+
     module = layer.module
     namespace = sys.modules[type(module).__module__]
     hidden = layer.hidden_states
@@ -196,6 +199,8 @@ def attention_probabilities(layer: LayerInputs) -> torch.Tensor:
 def _adakv_kept(scores: torch.Tensor, n_keep: int, alpha: float) -> torch.Tensor:
     """AdaKV's head-wise allocation (kvpress's ``AdaKVPress.compress``) with ``n_keep`` per head
     on average: kept mask (H_kv, n)."""
+    import torch
+
     bsz, n_kv, k_len = scores.shape
     n_safe = int(n_keep * alpha)
     if alpha > 0:
@@ -211,6 +216,8 @@ def _adakv_kept(scores: torch.Tensor, n_keep: int, alpha: float) -> torch.Tensor
 
 def _pad(rows: list[list[torch.Tensor]]) -> torch.Tensor:
     """Per layer and head ascending positions → (L, H_kv, m), padded at the end with −1."""
+    import torch
+
     width = max(r.numel() for layer in rows for r in layer)
     out = torch.full(
         (len(rows), len(rows[0]), width), -1, dtype=torch.long, device=rows[0][0].device
@@ -284,6 +291,7 @@ class KvpressSelector(ScoredSelector):
         n = layer.keys.shape[2]
         press.compression_ratio = self.ratio(n, n_keep)
         scorer = press.press if kind == _ADAKV else press
+        import torch
         from kvpress import ObservedAttentionPress
 
         attentions = layer.attentions

@@ -13,12 +13,16 @@ a list by hand. A rollout job's fingerprint covers only the selectors its action
 from __future__ import annotations
 
 import ast
+import atexit
+import functools
 import hashlib
 import importlib.machinery
 import io
+import json
 import os
+import tempfile
 import tokenize
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
 
@@ -34,6 +38,93 @@ __all__ = [
 ]
 
 PACKAGE = "kvdiverge"
+
+# ---- a cache of source analyses across processes ------------------------------------------------
+# Every Snakemake invocation fingerprints the same few dozen modules: parsing and tokenizing them
+# took seconds of each dry run. Results are kept in a JSON file under the user's cache folder
+# (KVDIVERGE_CACHE, else $XDG_CACHE_HOME/kvdiverge or ~/.cache/kvdiverge), keyed by the SHA-256
+# of the function's name and arguments (the source text itself), so an entry can never be stale;
+# a missing, unreadable or unwritable file only costs the time.
+_DISK_CACHE_FORMAT = 1
+_DISK_CACHE_ENTRIES = 4000
+
+
+def _disk_cache_file() -> Path:
+    root = os.environ.get("KVDIVERGE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "kvdiverge",
+    )
+    return Path(root) / f"source-analysis-v{_DISK_CACHE_FORMAT}.json"
+
+
+class _DiskCache:
+    """Results of pure functions of source text, read once per process and written at exit."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, object] | None = None
+        self.dirty = False
+
+    def _load(self) -> dict[str, object]:
+        if self.entries is None:
+            try:
+                loaded = json.loads(_disk_cache_file().read_text(encoding="utf-8"))
+                self.entries = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                self.entries = {}
+            atexit.register(self.save)
+        return self.entries
+
+    def get(self, key: str) -> object | None:
+        return self._load().get(key)
+
+    def put(self, key: str, value: object) -> None:
+        entries = self._load()
+        entries.pop(key, None)
+        entries[key] = value  # newest last: the oldest go first when the file is full
+        self.dirty = True
+
+    def save(self) -> None:
+        """Write the entries (the newest :data:`_DISK_CACHE_ENTRIES`) atomically, if any are new."""
+        if not self.dirty or self.entries is None:
+            return
+        kept = dict(list(self.entries.items())[-_DISK_CACHE_ENTRIES:])
+        path = _disk_cache_file()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(
+                "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
+            ) as handle:
+                json.dump(kept, handle)
+            os.replace(handle.name, path)
+            self.dirty = False
+        except OSError:
+            pass
+
+
+_DISK_CACHE = _DiskCache()
+
+
+def _disk_cached(encode: Callable, decode: Callable) -> Callable:
+    """Memoize a pure function of strings in memory and in :data:`_DISK_CACHE`; ``encode``
+    and ``decode`` turn its result into JSON and back."""
+
+    def wrap(func: Callable) -> Callable:
+        @functools.wraps(func)
+        @cache
+        def cached(*args: object) -> object:
+            key = hashlib.sha256(
+                json.dumps([func.__name__, *args], ensure_ascii=False).encode()
+            ).hexdigest()
+            found = _DISK_CACHE.get(key)
+            if found is not None:
+                return decode(found)
+            result = func(*args)
+            _DISK_CACHE.put(key, encode(result))
+            return result
+
+        return cached
+
+    return wrap
 
 
 @cache
@@ -80,7 +171,7 @@ def _direct_imports(path: Path, own: str | None) -> set[str]:
     }
 
 
-@cache
+@_disk_cached(encode=sorted, decode=frozenset)
 def _imported_names(source: str, own: str | None, is_package: bool) -> frozenset[str]:
     """Every module name the import statements of ``source`` (module ``own``, a package's
     ``__init__`` when ``is_package``) name, relative imports resolved. Cached by the source
@@ -214,7 +305,7 @@ def script_fingerprint(*entries: str | os.PathLike, selectors: Iterable[str] | N
     return digest.hexdigest()[:16]
 
 
-@cache
+@_disk_cached(encode=str, decode=str)
 def code_text(source: str) -> str:
     """``source`` without its docstrings, comments and blank lines, and with trailing spaces
     removed: the part of a module that can change what it computes.

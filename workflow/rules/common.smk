@@ -133,12 +133,11 @@ ROLLOUT_ACTIONS = {name: parse_action(spec, name=name) for name, spec in config[
 
 
 def rollout_gpus():
-    """`gpu` resource of a rollout job: 1 when it will run on CUDA, else 0 (CPU jobs then run
+    """`gpu` resource of a rollout job: 1 when it will run on a GPU, else 0 (CPU jobs then run
     side by side under the local profile's GPU limit; the SLURM profile sets its own)."""
-    import torch
+    from kvdiverge.hardware import gpu_expected
 
-    device = config["rollout"]["device"]
-    return int(device == "cuda" or (device == "auto" and torch.cuda.is_available()))
+    return int(gpu_expected(config["rollout"]["device"]))
 
 
 def demo_models():

@@ -5,8 +5,9 @@
 # once by rule materialize_model into data/models/<name> (git-ignored; docs/architecture.md,
 # "Model sources").
 from kvdiverge.model_sources import parse_source
-from kvdiverge.training import check_demo_model_folder, demo_model_fingerprint
-from kvdiverge.training_job import train_demo_model_job
+
+if demo_models():  # the training code imports torch: not loaded for configs without demo models
+    from kvdiverge.training import check_demo_model_folder, demo_model_fingerprint
 
 for _name in demo_models():
     check_demo_model_folder(
@@ -36,6 +37,7 @@ rule build_demo_model:
         results("benchmarks/build_demo_model/{model}.tsv")
     wildcard_constraints:
         model="|".join(demo_models()) or "no-demo-model",
+    priority: 10  # every rollout waits for the model: start it before the finite-state jobs
     threads: 1
     resources:
         runtime=60,
@@ -48,6 +50,8 @@ rule build_demo_model:
         # seed): a change is refused at parse time while the folder exists (see above)
         code=lambda wildcards: demo_training_fingerprint(wildcards.model),
     run:
+        from kvdiverge.training_job import train_demo_model_job
+
         train_demo_model_job(output[0], params, log[0], threads)
 
 
@@ -60,6 +64,7 @@ rule materialize_model:
         results("benchmarks/materialize_model/{model}.tsv")
     wildcard_constraints:
         model="|".join(sourced_models()) or "no-sourced-model",
+    priority: 10  # every rollout waits for the model: start it before the finite-state jobs
     conda:
         # torch and transformers; gguf and accelerate come with the package's dependencies
         "../../envs/rollout.yaml"
