@@ -17,6 +17,7 @@ rule introductory_figure:
         logs("figures/introductory_figure.log"),
     benchmark:
         results("benchmarks/introductory_figure/introductory_figure.tsv")
+    priority: -1  # off the rollout chain: it waits for a core the rollouts leave idle
     localrule: True
     conda:
         "../../envs/analysis.yaml"

@@ -16,6 +16,7 @@ rule finite_state_systems:
         logs("finite_state/systems.log"),
     benchmark:
         results("benchmarks/finite_state_systems/systems.tsv")
+    priority: -1  # off the rollout chain: it waits for a core the rollouts leave idle
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -51,6 +52,7 @@ rule finite_state_figures:
         logs("finite_state/figures.log"),
     benchmark:
         results("benchmarks/finite_state_figures/figures.tsv")
+    priority: -1  # off the rollout chain: it waits for a core the rollouts leave idle
     localrule: True
     conda:
         "../../envs/analysis.yaml"
