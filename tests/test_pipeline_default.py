@@ -1,16 +1,18 @@
 """The embedded default end to end: `snakemake --cores 2` in a fresh copy of the repository
-materializes SmolLM2 from its package, builds every output of `rule all`, passes the
-full-retention control, and ends by building the report (`snakemake --report` from the
-workflow's `onsuccess` handler): every figure and table in one HTML file."""
+builds every output of `rule all`, passes the full-retention control, and ends by building
+the report (`snakemake --report` from the workflow's `onsuccess` handler): every figure and
+table in one HTML file. SmolLM2 comes materialized from its package once per test session
+(the `smollm2_folder` fixture); the rule `materialize_model` itself runs in test_model_sources
+on a tiny GGUF."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import shared_base
 from filelock import FileLock
 from test_report import report_entries
 from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
@@ -22,12 +24,11 @@ def _workflow_lock(work: Path) -> FileLock:
 
 
 @pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
+def default_run(tmp_path_factory, smollm2_folder):
     """One run of the default for the whole test session: pytest-xdist workers share it through
     their common base folder, under a lock (the first one runs it, the others wait and reuse).
     Without xdist the session's own base folder holds it: a later session never reuses it."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    shared = shared_base(tmp_path_factory)
     with FileLock(str(shared / "default_run.lock")):
         record = shared / "default_run.json"
         if record.exists():
@@ -35,7 +36,7 @@ def default_run(tmp_path_factory):
             return Path(saved["work"]), saved["planned"]
         folder = shared / "default_run"
         folder.mkdir(exist_ok=True)
-        work = workflow_copy(folder, config="default")
+        work = workflow_copy(folder, config="default", smollm2=smollm2_folder[0])
         dry = run_snakemake(work, "-n")
         assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
         assert not (work / "results/report.html").exists()  # a dry run builds no report

@@ -15,14 +15,18 @@ SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 TINY_CONFIG = ROOT / "configs" / "tiny.yaml"
 
 
-def workflow_copy(tmp_path: Path, package: bool = False, config: str = "tiny") -> Path:
+def workflow_copy(
+    tmp_path: Path, package: bool = False, config: str = "tiny", smollm2: Path | None = None
+) -> Path:
     """A working copy of the workflow under ``tmp_path/wf``: Snakefile, config.yaml, configs/,
     workflow/, envs/, profiles/ and the tracked data (fixtures, committed demo models).
 
     ``config="tiny"`` (the tests' fixture) makes ``configs/tiny.yaml`` — the two trained tiny
     demo models — the copy's ``config.yaml``; ``config="default"`` keeps the embedded default
-    (SmolLM2, materialized by the workflow; a folder already materialized in the repository is
-    copied along to save the conversion).
+    (SmolLM2, materialized by the workflow). ``smollm2``, a folder materialized from the
+    default's source (the session fixture ``smollm2_folder``), is copied to
+    ``data/models/smollm2`` with fresh modification times, so that the workflow takes it as
+    built after its script and does not convert the model again.
 
     With ``package=True`` the ``kvdiverge`` package is copied to ``wf/pkg`` too; run snakemake
     with :func:`package_env` so that the copy is imported (and fingerprinted) instead of the
@@ -38,11 +42,12 @@ def workflow_copy(tmp_path: Path, package: bool = False, config: str = "tiny") -
     for folder in ("workflow", "envs", "configs", "profiles", "data/fixtures"):
         if (ROOT / folder).is_dir():
             shutil.copytree(ROOT / folder, work / folder, ignore=ignore)
-    models = sorted((ROOT / "data" / "models").glob("tiny-*"))
-    if config == "default" and (ROOT / "data" / "models" / "smollm2" / "provenance.json").exists():
-        models.append(ROOT / "data" / "models" / "smollm2")
-    for model in models:
+    for model in sorted((ROOT / "data" / "models").glob("tiny-*")):
         shutil.copytree(model, work / "data" / "models" / model.name, ignore=ignore)
+    if smollm2 is not None:
+        target = work / "data" / "models" / "smollm2"
+        shutil.copytree(smollm2, target, copy_function=shutil.copyfile)  # mtimes: now
+        os.utime(target)
     if package:
         shutil.copytree(
             ROOT / "src" / "kvdiverge",
