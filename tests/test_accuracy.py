@@ -256,8 +256,9 @@ def test_accuracy_figure_in_house_style(tmp_path):
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen", "smollm2"])
 @pytest.mark.parametrize("clean_up", [None, True])
-def test_file_decoder_equals_the_tokenizers_decode(tmp_path, model, clean_up):
-    """The accuracy rule decodes without transformers where it may; the text is the same."""
+def test_file_decoder_equals_the_tokenizers_decode(tmp_path, model, clean_up, request):
+    """The accuracy rule decodes without transformers where it may; the text is the same.
+    SmolLM2 comes from the session's materialization (tests/conftest.py, ``smollm2_folder``)."""
     import json
     import shutil
     from pathlib import Path
@@ -265,9 +266,10 @@ def test_file_decoder_equals_the_tokenizers_decode(tmp_path, model, clean_up):
     from kvdiverge.detokenize import TokenizerFileDecoder, load_decoder
     from kvdiverge.models import load_tokenizer
 
-    source = Path(__file__).resolve().parents[1] / "data" / "models" / model
-    if not (source / "tokenizer.json").is_file():
-        pytest.skip(f"{model} is not materialized here")
+    if model == "smollm2":
+        source = request.getfixturevalue("smollm2_folder")[0]
+    else:
+        source = Path(__file__).resolve().parents[1] / "data" / "models" / model
     folder = tmp_path / model
     folder.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
