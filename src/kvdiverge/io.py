@@ -20,10 +20,11 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-import polars as pl
+if TYPE_CHECKING:  # polars is imported where it runs: the workflow's parse uses this module
+    import polars as pl
 
 __all__ = [
     "JobScratch",
@@ -193,6 +194,8 @@ class JobScratch:
 
     def load(self, doc_id: str) -> tuple[dict[str, pl.DataFrame], dict[str, Any]]:
         """The frames and info of a saved unit (KeyError when it is not done)."""
+        import polars as pl
+
         unit = self._unit(doc_id)
         try:
             record = json.loads((unit / "done.json").read_text())

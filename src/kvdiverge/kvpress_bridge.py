@@ -287,13 +287,13 @@ class KvpressSelector(ScoredSelector):
         return 1 - n_keep / n if kind == _PYRAMID else 1 - (n_keep + 0.5) / n
 
     def observe(self, action: ActionSpec, layer: LayerInputs, n_keep: int) -> Any:
+        import torch
+        from kvpress import ObservedAttentionPress
+
         press, kind = self._built()
         n = layer.keys.shape[2]
         press.compression_ratio = self.ratio(n, n_keep)
         scorer = press.press if kind == _ADAKV else press
-        import torch
-        from kvpress import ObservedAttentionPress
-
         attentions = layer.attentions
         if attentions is None and any(isinstance(p, ObservedAttentionPress) for p in _chain(press)):
             attentions = attention_probabilities(layer)

@@ -20,7 +20,6 @@ import importlib.machinery
 import io
 import json
 import os
-import tempfile
 import tokenize
 from collections.abc import Callable, Iterable
 from functools import cache
@@ -87,15 +86,11 @@ class _DiskCache:
         """Write the entries (the newest :data:`_DISK_CACHE_ENTRIES`) atomically, if any are new."""
         if not self.dirty or self.entries is None:
             return
+        from kvdiverge.io import atomic_write_text
+
         kept = dict(list(self.entries.items())[-_DISK_CACHE_ENTRIES:])
-        path = _disk_cache_file()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(
-                "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
-            ) as handle:
-                json.dump(kept, handle)
-            os.replace(handle.name, path)
+            atomic_write_text(_disk_cache_file(), json.dumps(kept))
             self.dirty = False
         except OSError:
             pass
