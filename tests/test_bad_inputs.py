@@ -554,6 +554,33 @@ def test_documents_checked_with_the_job_models_lengths():
     assert checked["n_tokens"].to_list() == [1500, 1500] and set(checked["cohort"]) == {"dev"}
 
 
+def test_swrb_job_checks_its_documents_before_any_rollout(tmp_path):
+    """An SWRB job (coupling: swrb) checks its documents as a trajectory rollout job does:
+    one line naming the document, before the model loads and before any scratch area."""
+    from kvdiverge.swrb_job import run_swrb_job
+
+    path = tmp_path / "docs.parquet"
+    _documents(prompt="word " * 20).write_parquet(path)
+    out = {"snapkv-half": tmp_path / "snapkv-half.parquet"}
+    with pytest.raises(PreflightError) as info:
+        run_swrb_job(
+            path,
+            out,
+            {"name": "tiny-llama", "path": str(DEMO)},
+            {"snapkv-half": ACTIONS["snapkv-half"]},
+            {"snapkv-half": {"dev": 2}},
+            H=8,
+            seed=1,
+            device="cpu",
+        )
+    message = one_line(info)
+    assert message.startswith(
+        f"{path}: doc_id 'ruler-1024/dev/001' (stratum ruler-1024), action 'snapkv-half': "
+        "prompt of "
+    ) and message.endswith("tokens is too short for the 64-token observation window"), message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.parquet"]
+
+
 # ---- trajectory files: caught when read ----------------------------------------------------------
 H = 6
 

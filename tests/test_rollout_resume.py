@@ -1,5 +1,6 @@
 """A rollout job killed part-way (a real SIGKILL) resumes from its finished documents and
-writes the same files as an uninterrupted run (kvdiverge.rollout_job, kvdiverge.io.JobScratch)."""
+writes the same files as an uninterrupted run (kvdiverge.rollout_job, kvdiverge.io.JobScratch);
+the same for an SWRB job (kvdiverge.swrb_job)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
+from kvdiverge.swrb_job import run_swrb_job
+from kvdiverge.swrb_records import read_swrb_metadata, read_swrb_records
 from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +51,17 @@ def _outputs(folder: Path) -> dict[str, Path]:
     return {name: folder / f"{name}.parquet" for name in ACTIONS}
 
 
+def _kill_after_first_document(script: str, spec: dict, folder: Path) -> None:
+    job = subprocess.Popen([sys.executable, "-c", script, json.dumps(spec)])
+    deadline = time.monotonic() + 300
+    while not list(folder.glob(".*scratch-*/*/done.json")):
+        assert job.poll() is None, "the job ended before its first document was kept"
+        assert time.monotonic() < deadline, "no document finished in time"
+        time.sleep(0.05)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+
+
 @pytest.mark.slow
 def test_a_killed_rollout_job_resumes_with_identical_files(tmp_path, caplog):
     whole = _outputs(tmp_path / "whole")
@@ -64,15 +78,8 @@ def test_a_killed_rollout_job_resumes_with_identical_files(tmp_path, caplog):
         "cohorts": COHORTS,
         "settings": SETTINGS,
     }
-    job = subprocess.Popen([sys.executable, "-c", KILLED, json.dumps(spec)])
     folder = tmp_path / "resumed"
-    deadline = time.monotonic() + 300
-    while not list(folder.glob(".*scratch-*/*/done.json")):
-        assert job.poll() is None, "the job ended before its first document was kept"
-        assert time.monotonic() < deadline, "no document finished in time"
-        time.sleep(0.05)
-    job.send_signal(signal.SIGKILL)
-    job.wait()
+    _kill_after_first_document(KILLED, spec, folder)
     assert not any(path.exists() for path in resumed.values())  # no output was written
     kept = list(folder.glob(".*scratch-*/*/done.json"))
     assert len(kept) == 1
@@ -90,13 +97,9 @@ def test_a_killed_rollout_job_resumes_with_identical_files(tmp_path, caplog):
     assert not list(folder.glob(".*scratch-*"))  # cleared once the files are written
     # a changed job (another seed) never resumes from another job's documents
     again = _outputs(tmp_path / "again")
-    job = subprocess.Popen([sys.executable, "-c", KILLED, json.dumps({**spec, "out": {
-        k: str(v) for k, v in again.items()}})])  # fmt: skip
-    while not list((tmp_path / "again").glob(".*scratch-*/*/done.json")):
-        assert job.poll() is None
-        time.sleep(0.05)
-    job.send_signal(signal.SIGKILL)
-    job.wait()
+    _kill_after_first_document(
+        KILLED, {**spec, "out": {k: str(v) for k, v in again.items()}}, tmp_path / "again"
+    )
     caplog.clear()
     with caplog.at_level("INFO", logger="kvdiverge.rollout_job"):
         run_stratum_rollout_job(
@@ -104,3 +107,49 @@ def test_a_killed_rollout_job_resumes_with_identical_files(tmp_path, caplog):
             resume_key="test",
         )  # fmt: skip
     assert "(0 resumed from" in caplog.text
+
+
+# The SWRB job, killed the same way after its first finished document.
+KILLED_SWRB = """
+import json, sys, time
+import kvdiverge.io as io
+from kvdiverge.swrb_job import run_swrb_job
+save = io.JobScratch.save
+def pausing(self, *args, **kwargs):
+    save(self, *args, **kwargs)
+    time.sleep(600)
+io.JobScratch.save = pausing
+spec = json.loads(sys.argv[1])
+run_swrb_job(
+    spec["documents"], spec["out"], spec["model"], spec["actions"], spec["cohorts"],
+    H=spec["H"], seed=spec["seed"], device="cpu", resume_key="test",
+)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_swrb_job_resumes_with_identical_files(tmp_path, caplog):
+    run = {"H": 8, "seed": 5}
+    whole = _outputs(tmp_path / "whole")
+    run_swrb_job(DOCUMENTS, whole, MODEL, ACTIONS, COHORTS, device="cpu", resume_key="test", **run)
+    resumed = _outputs(tmp_path / "resumed")
+    spec = {
+        "documents": str(DOCUMENTS),
+        "out": {k: str(v) for k, v in resumed.items()},
+        "model": MODEL,
+        "actions": ACTIONS,
+        "cohorts": COHORTS,
+        **run,
+    }
+    _kill_after_first_document(KILLED_SWRB, spec, tmp_path / "resumed")
+    assert not any(path.exists() for path in resumed.values())  # no output was written
+    assert len(list((tmp_path / "resumed").glob(".*scratch-*/*/done.json"))) == 1
+    with caplog.at_level("INFO", logger="kvdiverge.rollout_job"):
+        run_swrb_job(
+            DOCUMENTS, resumed, MODEL, ACTIONS, COHORTS, device="cpu", resume_key="test", **run
+        )
+    assert "(1 resumed from" in caplog.text
+    for name in ACTIONS:
+        assert read_swrb_records(resumed[name]).equals(read_swrb_records(whole[name])), name
+        assert read_swrb_metadata(resumed[name]) == read_swrb_metadata(whole[name])
+    assert not list((tmp_path / "resumed").glob(".*scratch-*"))  # cleared after the files

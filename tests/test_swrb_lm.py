@@ -348,6 +348,7 @@ def test_swrb_job_writes_records_and_tables(tmp_path):
     pl.DataFrame(
         {
             "doc_id": ["rag-4k/study1/0", "rag-4k/study1/1"],
+            "stratum": ["rag-4k", "rag-4k"],
             "cohort": ["study1", "study1"],
             "prompt": prompts,
         }

@@ -7,6 +7,7 @@
   cleanup handler runs); a job calls this at its start for its outputs.
 * :class:`JobScratch`: finished units of a long job (a rollout job's documents) kept on disk
   until the job's outputs are written, so that a rerun after a kill resumes from them.
+* :func:`sha256_file`: a file's content digest (checksums of fetched files, scratch keys).
 """
 
 from __future__ import annotations
@@ -32,8 +33,19 @@ __all__ = [
     "atomic_write_text",
     "clean_stale_temporaries",
     "fsync_directory",
+    "sha256_file",
     "temporary_pattern",
 ]
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """SHA-256 hex digest of the file at ``path`` (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
 
 # mkstemp's random part: 8 characters of this alphabet (tempfile._RandomNameSequence)
 _RANDOM = r"[a-z0-9_]{8}"

@@ -23,7 +23,6 @@ decides the EOS again, see there.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -41,6 +40,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kvdiverge.io import sha256_file
+
 __all__ = [
     "DTYPES",
     "ModelSource",
@@ -50,7 +51,6 @@ __all__ = [
     "materialize_model",
     "parse_source",
     "resolve_eos_token",
-    "sha256_file",
     "turn_tokens",
 ]
 
@@ -161,15 +161,6 @@ def parse_source(spec: Any, where: str = "source") -> ModelSource:
         file_sha256=_digest(spec, "file_sha256", where),
         **common,
     )
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """SHA-256 hex digest of the file at ``path`` (read in 1 MiB chunks)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_sha256(path: str | os.PathLike, expected: str, field: str) -> str:

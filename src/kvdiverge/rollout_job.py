@@ -10,11 +10,10 @@ write one file per action with its metadata.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -28,8 +27,10 @@ from kvdiverge.trajectories import METADATA_KEYS, TRAJECTORY_SCHEMA
 
 __all__ = [
     "TIMING_KEYS",
+    "CheckedJob",
     "add_timing",
     "document_rollouts",
+    "load_checked_job",
     "rollout_documents_actions",
     "run_stratum_rollout_job",
     "select_documents",
@@ -187,12 +188,130 @@ def select_job_documents(
     return [(doc_id, prompt, counts) for doc_id, (prompt, counts) in order.items()]
 
 
-def _file_digest(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+@dataclass(frozen=True)
+class CheckedJob:
+    """A rollout job's inputs once checked (:func:`load_checked_job`): its tokenizer and loaded
+    model, EOS ids, the documents it runs (``(doc_id, prompt, {action: K})``,
+    :func:`select_job_documents`), each document's chat-wrapped prompt length, and the job's
+    own specification (documents file, model entry, actions, cohort → K per action)."""
+
+    tokenizer: Any
+    model: torch.nn.Module
+    eos_ids: list[int]
+    documents: list[tuple[str, str, dict[str, int]]]
+    lengths: dict[str, int]
+    documents_path: str
+    model_spec: dict[str, Any]
+    specs: dict[str, ActionSpec]
+    cohorts: dict[str, dict[str, int]]
+
+    def open_scratch(
+        self,
+        out_paths: Mapping[str, str | os.PathLike],
+        settings: Mapping[str, Any],
+        resume_key: Any = None,
+    ) -> Any:
+        """The job's scratch area (:class:`kvdiverge.io.JobScratch`), keyed by everything that
+        decides its results: model entry, actions, cohorts, ``settings`` (H, seed, coupling...),
+        the documents file's digest, dtype, device and ``resume_key`` (e.g. the code
+        fingerprint). A job with any of them changed starts afresh. Logs the job's first line:
+        model, actions, documents (and how many resume), H and EOS ids."""
+        from kvdiverge.io import JobScratch, sha256_file
+
+        scratch = JobScratch(
+            out_paths,
+            key={
+                "model": dict(self.model_spec),
+                "actions": {name: spec.as_dict() for name, spec in self.specs.items()},
+                "cohorts": self.cohorts,
+                "settings": dict(settings),
+                "documents": sha256_file(self.documents_path)[:16],
+                "dtype": str(self.model.dtype),
+                "device": str(self.model.device),
+                "resume": resume_key,
+            },
+        )
+        resumed = sum(scratch.done(doc_id) for doc_id, _, _ in self.documents)
+        log.info(
+            "model %s (%s, %s on %s); actions %s; %d documents (%d resumed from %s); H=%s; EOS %s",
+            self.model_spec.get("name", self.model_spec["path"]),
+            self.model_spec["path"],
+            self.model.dtype,
+            self.model.device,
+            ", ".join(self.specs),
+            len(self.documents),
+            resumed,
+            scratch.root,
+            settings.get("H"),
+            self.eos_ids,
+        )
+        return scratch
+
+
+def load_checked_job(
+    documents_path: str | os.PathLike,
+    model: Mapping[str, Any],
+    specs: Mapping[str, ActionSpec],
+    cohorts: Mapping[str, Mapping[str, int]],
+    H: int,
+    device: str = "auto",
+) -> CheckedJob:
+    """Check a rollout job's model and documents, then load the model: what every rollout job
+    (trajectories or SWRB records) does before its first rollout.
+
+    Before loading the weights: the model (a local folder: config, weights, chat template and
+    context window, :func:`kvdiverge.preflight.check_model_source`) and every document of the
+    job's cohorts against every action and the model's window
+    (:func:`kvdiverge.preflight.check_documents`, lengths from the job model's own tokenizer
+    and chat template); after loading a model that is not a local folder, its template and
+    window (:func:`kvdiverge.preflight.check_loaded_model`). Each failure is one line naming
+    the config field (``config.models.<name>.path``), the file, or the doc_id and stratum.
+    ``model``: ``path`` and optionally ``name``, ``dtype``, ``revision``,
+    ``trust_remote_code``; ``specs`` by action name; ``cohorts``: action → cohort → K.
+    """
+    from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
+    from kvdiverge.preflight import check_documents, check_loaded_model, check_model_source
+
+    where = f"config.models.{model.get('name') or model['path']}.path"
+    info = check_model_source(model, where)
+    trust = bool(model.get("trust_remote_code", False))
+    tokenizer = load_tokenizer(
+        model["path"], trust_remote_code=trust, revision=model.get("revision")
+    )
+    job_cohorts = {c for per in cohorts.values() for c in per}
+    checked = check_documents(
+        pl.read_parquet(documents_path),
+        specs,
+        info.get("max_positions") if info else None,
+        H,
+        str(documents_path),
+        length_fn=lambda prompt: len(chat_prompt_ids(tokenizer, prompt)),
+        cohorts=job_cohorts,
+    )
+    lengths = dict(zip(checked["doc_id"], checked["n_tokens"], strict=True))
+    documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
+    if not documents:
+        log.warning("%s: no documents of the job's cohorts", documents_path)
+    lm = load_model(
+        model["path"],
+        device=device,
+        dtype=model.get("dtype", "auto"),
+        revision=model.get("revision"),
+        trust_remote_code=trust,
+    )
+    if info is None:
+        check_loaded_model(lm, tokenizer, where, max(lengths.values(), default=0) + H)
+    return CheckedJob(
+        tokenizer,
+        lm,
+        eos_token_ids(lm, tokenizer),
+        documents,
+        lengths,
+        str(documents_path),
+        dict(model),
+        dict(specs),
+        {name: dict(cohorts[name]) for name in specs},
+    )
 
 
 def _sum_timing(parts: Iterable[Mapping[str, Mapping[str, float]]]) -> dict[str, dict]:
@@ -244,9 +363,6 @@ def run_stratum_rollout_job(
     """
     from tqdm import tqdm
 
-    from kvdiverge.io import JobScratch
-    from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
-    from kvdiverge.preflight import check_documents, check_loaded_model, check_model_source
     from kvdiverge.trajectories import write_trajectories
 
     for name, spec in actions.items():
@@ -263,68 +379,15 @@ def run_stratum_rollout_job(
                 f"{field}: expected one entry per action ({', '.join(specs)}), "
                 f"got {', '.join(given) or 'none'}"
             )
-    where = f"config.models.{model.get('name') or model['path']}.path"
-    info = check_model_source(model, where)
-    trust = bool(model.get("trust_remote_code", False))
-    tokenizer = load_tokenizer(
-        model["path"], trust_remote_code=trust, revision=model.get("revision")
-    )
-    job_cohorts = {c for per in cohorts.values() for c in per}
-    checked = check_documents(
-        pl.read_parquet(documents_path),
-        specs,
-        info.get("max_positions") if info else None,
-        settings.H,
-        str(documents_path),
-        length_fn=lambda prompt: len(chat_prompt_ids(tokenizer, prompt)),
-        cohorts=job_cohorts,
-    )
-    lengths = dict(zip(checked["doc_id"], checked["n_tokens"], strict=True))
-    documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
-    if not documents:
-        log.warning("%s: no documents of the job's cohorts", documents_path)
-    lm = load_model(
-        model["path"],
-        device=device,
-        dtype=model.get("dtype", "auto"),
-        revision=model.get("revision"),
-        trust_remote_code=trust,
-    )
-    if info is None:
-        check_loaded_model(lm, tokenizer, where, max(lengths.values(), default=0) + settings.H)
-    eos = eos_token_ids(lm, tokenizer)
-    scratch = JobScratch(
-        out_paths,
-        key={
-            "model": dict(model),
-            "actions": {name: spec.as_dict() for name, spec in specs.items()},
-            "cohorts": {name: dict(c) for name, c in cohorts.items()},
-            "settings": asdict(settings),
-            "documents": _file_digest(documents_path),
-            "dtype": str(lm.dtype),
-            "device": str(lm.device),
-            "resume": resume_key,
-        },
-    )
+    job = load_checked_job(documents_path, model, specs, cohorts, settings.H, device)
+    lm, eos, documents = job.model, job.eos_ids, job.documents
+    scratch = job.open_scratch(out_paths, asdict(settings), resume_key)
     resumed = [doc_id for doc_id, _, _ in documents if scratch.done(doc_id)]
-    log.info(
-        "model %s (%s, %s on %s); actions %s; %d documents (%d resumed from %s); H=%d; EOS %s",
-        model.get("name", model["path"]),
-        model["path"],
-        lm.dtype,
-        lm.device,
-        ", ".join(s.name for s in specs.values()),
-        len(documents),
-        len(resumed),
-        scratch.root,
-        settings.H,
-        eos,
-    )
     with tqdm(total=len(documents), file=log_file, unit="doc", mininterval=1.0) as bar:
         bar.update(len(resumed))
         rollouts = document_rollouts(
             lm,
-            tokenizer,
+            job.tokenizer,
             documents,
             list(specs.values()),
             eos,
@@ -347,7 +410,7 @@ def run_stratum_rollout_job(
             log.info(
                 "%s: %d prompt tokens, %.1f s, %.0f%% of %d paths diverged within H",
                 doc_id,
-                lengths.get(doc_id, -1),
+                job.lengths.get(doc_id, -1),
                 next(iter(results.values())).document_seconds,
                 100 * share,
                 paths,

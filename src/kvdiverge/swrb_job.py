@@ -2,15 +2,19 @@
 action (`docs/method.md`, "Survival-weighted residual branching").
 
 The counterpart of :func:`kvdiverge.rollout_job.run_stratum_rollout_job` for
-``coupling: swrb``, without its resume scratch and preflight checks: the documents are chosen
-the same way (:func:`kvdiverge.rollout_job.select_job_documents`, cohort → K per action), each
-prompt is chat-wrapped and prefilled once for all its actions, and the actions with the same K
-run as one batch (:func:`kvdiverge.swrb_rollout.swrb_rollout_document`).
+``coupling: swrb``, with the same checks before any work and the same resumable scratch area
+(:func:`kvdiverge.rollout_job.load_checked_job`,
+:meth:`~kvdiverge.rollout_job.CheckedJob.open_scratch`): the documents are chosen the same way
+(cohort → K per action), each prompt is chat-wrapped and prefilled once for all its actions,
+and the actions with the same K run as one batch
+(:func:`kvdiverge.swrb_rollout.swrb_rollout_document`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,11 +22,13 @@ import polars as pl
 import torch
 
 from kvdiverge.eviction import ActionSpec, parse_action, run_prefill
-from kvdiverge.rollout_job import select_job_documents
+from kvdiverge.rollout_job import load_checked_job
 from kvdiverge.swrb_records import SWRB_METADATA_KEYS, swrb_frame, write_swrb_records
 from kvdiverge.swrb_rollout import SwrbRollout, swrb_rollout_document
 
 __all__ = ["run_swrb_job", "swrb_documents_actions"]
+
+log = logging.getLogger(__name__)
 
 
 def swrb_documents_actions(
@@ -86,6 +92,8 @@ def run_swrb_job(
     device: str = "auto",
     metadata: Mapping[str, Any] | None = None,
     max_batch_rows: int | None = None,
+    log_file: Any = None,
+    resume_key: Any = None,
 ) -> dict[str, pl.DataFrame]:
     """Run a job and write one SWRB record file per action (metadata as the trajectory files':
     model, action, H, K (cohort → K), seed, ``coupling: swrb``, dtype, device, n_documents).
@@ -96,35 +104,50 @@ def run_swrb_job(
     ``metadata``: extra keys for every file (the pipeline's ``lock`` hash, README
     "Prespecification"); they may not replace the keys above; ``max_batch_rows``: rows per
     scan call (:func:`swrb_documents_actions`).
+
+    Before any work, the model and every document are checked as in a trajectory rollout job
+    (:func:`kvdiverge.rollout_job.load_checked_job`: one line naming the config field, the file,
+    or the doc_id and stratum). Each finished document is kept in the job's scratch area, so a
+    job killed part-way resumes from its finished documents (``resume_key``: e.g. the code
+    fingerprint, part of the scratch key) and writes the same files as an uninterrupted run.
+    Progress goes to ``log_file`` (one tick per document) and one log line per document.
     """
+    from tqdm import tqdm
+
     extra = dict(metadata or {})
     clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "eos_ids"})
     if clash:
         raise ValueError(f"metadata: key(s) {', '.join(clash)} are set by the job")
-    from kvdiverge.models import eos_token_ids, load_model, load_tokenizer
-
     specs = {name: parse_action(spec, name=name) for name, spec in actions.items()}
     for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
         if set(given) != set(specs):
             raise ValueError(f"{field}: expected one entry per action ({', '.join(specs)})")
-    trust = bool(model.get("trust_remote_code", False))
-    tokenizer = load_tokenizer(
-        model["path"], trust_remote_code=trust, revision=model.get("revision")
-    )
-    documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
-    lm = load_model(
-        model["path"],
-        device=device,
-        dtype=model.get("dtype", "auto"),
-        revision=model.get("revision"),
-        trust_remote_code=trust,
-    )
-    eos = eos_token_ids(lm, tokenizer)
-    frames = swrb_documents_actions(
-        lm, tokenizer, documents, list(specs.values()), eos, H, seed, max_batch_rows
-    )
+    job = load_checked_job(documents_path, model, specs, cohorts, H, device)
+    lm = job.model
+    scratch = job.open_scratch(out_paths, {"H": H, "seed": seed, "coupling": "swrb"}, resume_key)
+    with tqdm(total=len(job.documents), file=log_file, unit="doc", mininterval=1.0) as bar:
+        for document in job.documents:
+            doc_id = document[0]
+            if not scratch.done(doc_id):
+                start = time.perf_counter()
+                frames = swrb_documents_actions(
+                    lm, job.tokenizer, [document], list(specs.values()), job.eos_ids, H, seed,
+                    max_batch_rows,
+                )  # fmt: skip
+                scratch.save(doc_id, frames)
+                log.info(
+                    "%s: %d prompt tokens, %.1f s, %d replicates",
+                    doc_id,
+                    job.lengths.get(doc_id, -1),
+                    time.perf_counter() - start,
+                    sum(f.height for f in frames.values()),
+                )
+            bar.update(1)
+    saved = scratch.load_all()
+    out = {}
     for name, spec in specs.items():
-        frame = frames[name]
+        parts = [saved[doc_id][0][name] for doc_id, _, _ in job.documents]
+        frame = pl.concat(parts) if parts else swrb_frame([])
         write_swrb_records(
             frame,
             out_paths[name],
@@ -137,9 +160,11 @@ def run_swrb_job(
                 "coupling": "swrb",
                 "dtype": str(lm.dtype).removeprefix("torch."),
                 "device": str(lm.device),
-                "eos_ids": list(eos),
+                "eos_ids": list(job.eos_ids),
                 "n_documents": frame["doc_id"].n_unique(),
                 **extra,
             },
         )
-    return frames
+        out[name] = frame
+    scratch.clear()
+    return out

@@ -4,6 +4,8 @@ replicates of a stratum under every action of the study, one SWRB record file pe
 study's lock, written before any evaluation rollout, and every file carries the lock's hash
 (README "Prespecification")."""
 
+import sys
+
 from kvdiverge.logs import job_log
 
 log = job_log(snakemake)
@@ -31,6 +33,8 @@ frames = run_swrb_job(
     device=params.device,
     metadata={"lock": lock["hash"]},
     max_batch_rows=params.max_batch_rows,
+    log_file=sys.stderr,
+    resume_key=params.code,
 )
 for name, frame in frames.items():
     log.info("%s: %d documents, %d replicates", name, frame["doc_id"].n_unique(), frame.height)
