@@ -28,27 +28,54 @@ ACTIONS = {
 COHORTS = {"recent-half": {"dev": 2, "study1": 3}, "full": {"dev": 2, "study1": 2}}
 SETTINGS = {"H": 12, "seed": 5}
 
-# The killed job: the same call, made to pause for good after its first finished document
-# (so that the kill lands between documents, deterministically).
-KILLED = """
+# A killed job: the same call, made to pause for good after its first finished document (so
+# that the kill lands between documents, deterministically).
+PAUSING = """
 import json, sys, time
 import kvdiverge.io as io
-from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
 save = io.JobScratch.save
 def pausing(self, *args, **kwargs):
     save(self, *args, **kwargs)
     time.sleep(600)
 io.JobScratch.save = pausing
 spec = json.loads(sys.argv[1])
+"""
+KILLED = (
+    PAUSING
+    + """
+from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
 run_stratum_rollout_job(
     spec["documents"], spec["out"], spec["model"], spec["actions"], spec["cohorts"],
     RolloutSettings(**spec["settings"]), device="cpu", resume_key="test",
 )
 """
+)
+KILLED_SWRB = (
+    PAUSING
+    + """
+from kvdiverge.swrb_job import run_swrb_job
+run_swrb_job(
+    spec["documents"], spec["out"], spec["model"], spec["actions"], spec["cohorts"],
+    H=spec["H"], seed=spec["seed"], device="cpu", resume_key="test",
+)
+"""
+)
 
 
 def _outputs(folder: Path) -> dict[str, Path]:
     return {name: folder / f"{name}.parquet" for name in ACTIONS}
+
+
+def _job_spec(out: dict[str, Path], **settings) -> dict:
+    """The killed job's arguments, as JSON for its command line."""
+    return {
+        "documents": str(DOCUMENTS),
+        "out": {k: str(v) for k, v in out.items()},
+        "model": MODEL,
+        "actions": ACTIONS,
+        "cohorts": COHORTS,
+        **settings,
+    }
 
 
 def _kill_after_first_document(script: str, spec: dict, folder: Path) -> None:
@@ -70,14 +97,7 @@ def test_a_killed_rollout_job_resumes_with_identical_files(tmp_path, caplog):
         resume_key="test",
     )  # fmt: skip
     resumed = _outputs(tmp_path / "resumed")
-    spec = {
-        "documents": str(DOCUMENTS),
-        "out": {k: str(v) for k, v in resumed.items()},
-        "model": MODEL,
-        "actions": ACTIONS,
-        "cohorts": COHORTS,
-        "settings": SETTINGS,
-    }
+    spec = _job_spec(resumed, settings=SETTINGS)
     folder = tmp_path / "resumed"
     _kill_after_first_document(KILLED, spec, folder)
     assert not any(path.exists() for path in resumed.values())  # no output was written
@@ -97,9 +117,7 @@ def test_a_killed_rollout_job_resumes_with_identical_files(tmp_path, caplog):
     assert not list(folder.glob(".*scratch-*"))  # cleared once the files are written
     # a changed job (another seed) never resumes from another job's documents
     again = _outputs(tmp_path / "again")
-    _kill_after_first_document(
-        KILLED, {**spec, "out": {k: str(v) for k, v in again.items()}}, tmp_path / "again"
-    )
+    _kill_after_first_document(KILLED, _job_spec(again, settings=SETTINGS), tmp_path / "again")
     caplog.clear()
     with caplog.at_level("INFO", logger="kvdiverge.rollout_job"):
         run_stratum_rollout_job(
@@ -109,39 +127,13 @@ def test_a_killed_rollout_job_resumes_with_identical_files(tmp_path, caplog):
     assert "(0 resumed from" in caplog.text
 
 
-# The SWRB job, killed the same way after its first finished document.
-KILLED_SWRB = """
-import json, sys, time
-import kvdiverge.io as io
-from kvdiverge.swrb_job import run_swrb_job
-save = io.JobScratch.save
-def pausing(self, *args, **kwargs):
-    save(self, *args, **kwargs)
-    time.sleep(600)
-io.JobScratch.save = pausing
-spec = json.loads(sys.argv[1])
-run_swrb_job(
-    spec["documents"], spec["out"], spec["model"], spec["actions"], spec["cohorts"],
-    H=spec["H"], seed=spec["seed"], device="cpu", resume_key="test",
-)
-"""
-
-
 @pytest.mark.slow
 def test_a_killed_swrb_job_resumes_with_identical_files(tmp_path, caplog):
     run = {"H": 8, "seed": 5}
     whole = _outputs(tmp_path / "whole")
     run_swrb_job(DOCUMENTS, whole, MODEL, ACTIONS, COHORTS, device="cpu", resume_key="test", **run)
     resumed = _outputs(tmp_path / "resumed")
-    spec = {
-        "documents": str(DOCUMENTS),
-        "out": {k: str(v) for k, v in resumed.items()},
-        "model": MODEL,
-        "actions": ACTIONS,
-        "cohorts": COHORTS,
-        **run,
-    }
-    _kill_after_first_document(KILLED_SWRB, spec, tmp_path / "resumed")
+    _kill_after_first_document(KILLED_SWRB, _job_spec(resumed, **run), tmp_path / "resumed")
     assert not any(path.exists() for path in resumed.values())  # no output was written
     assert len(list((tmp_path / "resumed").glob(".*scratch-*/*/done.json"))) == 1
     with caplog.at_level("INFO", logger="kvdiverge.rollout_job"):
