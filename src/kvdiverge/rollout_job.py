@@ -23,6 +23,7 @@ import torch
 from kvdiverge.decode import DocumentRollout, RolloutSettings, rollout_documents
 from kvdiverge.documents import read_documents
 from kvdiverge.eviction import ActionSpec, parse_action
+from kvdiverge.io import JobScratch, sha256_file
 from kvdiverge.trajectories import METADATA_KEYS, TRAJECTORY_SCHEMA
 
 __all__ = [
@@ -210,14 +211,12 @@ class CheckedJob:
         out_paths: Mapping[str, str | os.PathLike],
         settings: Mapping[str, Any],
         resume_key: Any = None,
-    ) -> Any:
+    ) -> JobScratch:
         """The job's scratch area (:class:`kvdiverge.io.JobScratch`), keyed by everything that
         decides its results: model entry, actions, cohorts, ``settings`` (H, seed, coupling...),
         the documents file's digest, dtype, device and ``resume_key`` (e.g. the code
         fingerprint). A job with any of them changed starts afresh. Logs the job's first line:
         model, actions, documents (and how many resume), H and EOS ids."""
-        from kvdiverge.io import JobScratch, sha256_file
-
         scratch = JobScratch(
             out_paths,
             key={
