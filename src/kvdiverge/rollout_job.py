@@ -31,6 +31,7 @@ __all__ = [
     "CheckedJob",
     "add_timing",
     "document_rollouts",
+    "job_actions",
     "load_checked_job",
     "rollout_documents_actions",
     "run_stratum_rollout_job",
@@ -187,6 +188,27 @@ def select_job_documents(
         for doc_id, prompt, k in select_documents(path, per_cohort):
             order.setdefault(doc_id, (prompt, {}))[1][action] = k
     return [(doc_id, prompt, counts) for doc_id, (prompt, counts) in order.items()]
+
+
+def job_actions(
+    actions: Mapping[str, Mapping[str, Any]],
+    out_paths: Mapping[str, Any],
+    cohorts: Mapping[str, Any],
+) -> dict[str, ActionSpec]:
+    """A rollout job's action specs by name (:func:`kvdiverge.eviction.parse_action`), once
+    ``actions``, ``out_paths`` and ``cohorts`` are known to name the same actions and each spec
+    that carries a ``name`` carries its own key. Raises ``ValueError`` naming the argument."""
+    for name, spec in actions.items():
+        if spec.get("name", name) != name:
+            raise ValueError(f"actions.{name}: the spec is named {spec['name']!r}")
+    specs = {name: parse_action(spec, name=name) for name, spec in actions.items()}
+    for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
+        if set(given) != set(specs):
+            raise ValueError(
+                f"{field}: expected one entry per action ({', '.join(specs)}), "
+                f"got {', '.join(given) or 'none'}"
+            )
+    return specs
 
 
 @dataclass(frozen=True)
@@ -364,20 +386,11 @@ def run_stratum_rollout_job(
 
     from kvdiverge.trajectories import write_trajectories
 
-    for name, spec in actions.items():
-        if spec.get("name", name) != name:
-            raise ValueError(f"actions.{name}: the spec is named {spec['name']!r}")
-    specs = {name: parse_action(spec, name=name) for name, spec in actions.items()}
+    specs = job_actions(actions, out_paths, cohorts)
     extra = dict(metadata or {})
     reserved = sorted(set(extra) & {*METADATA_KEYS, "eos_ids", "n_documents", "timing"})
     if reserved:
         raise ValueError(f"metadata: key(s) {', '.join(reserved)} are written by the job itself")
-    for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
-        if set(given) != set(specs):
-            raise ValueError(
-                f"{field}: expected one entry per action ({', '.join(specs)}), "
-                f"got {', '.join(given) or 'none'}"
-            )
     job = load_checked_job(documents_path, model, specs, cohorts, settings.H, device)
     lm, eos, documents = job.model, job.eos_ids, job.documents
     scratch = job.open_scratch(out_paths, asdict(settings), resume_key)

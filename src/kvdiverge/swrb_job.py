@@ -22,7 +22,7 @@ import polars as pl
 import torch
 
 from kvdiverge.eviction import ActionSpec, parse_action, run_prefill
-from kvdiverge.rollout_job import load_checked_job
+from kvdiverge.rollout_job import job_actions, load_checked_job
 from kvdiverge.swrb_records import SWRB_METADATA_KEYS, swrb_frame, write_swrb_records
 from kvdiverge.swrb_rollout import SwrbRollout, swrb_rollout_document
 
@@ -118,10 +118,7 @@ def run_swrb_job(
     clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "eos_ids"})
     if clash:
         raise ValueError(f"metadata: key(s) {', '.join(clash)} are set by the job")
-    specs = {name: parse_action(spec, name=name) for name, spec in actions.items()}
-    for field, given in (("out_paths", out_paths), ("cohorts", cohorts)):
-        if set(given) != set(specs):
-            raise ValueError(f"{field}: expected one entry per action ({', '.join(specs)})")
+    specs = job_actions(actions, out_paths, cohorts)
     job = load_checked_job(documents_path, model, specs, cohorts, H, device)
     lm = job.model
     scratch = job.open_scratch(out_paths, {"H": H, "seed": seed, "coupling": "swrb"}, resume_key)
