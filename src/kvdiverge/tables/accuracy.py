@@ -8,7 +8,13 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from kvdiverge.tables.inputs import actions_in, models_in, read_estimands, require_estimands
+from kvdiverge.tables.inputs import (
+    actions_in,
+    models_in,
+    pooled_support,
+    read_estimands,
+    require_estimands,
+)
 from kvdiverge.tables.render import write_table
 from kvdiverge.tables.study_table import PP, Measure, StudyTable, estimand_row, measure_table
 
@@ -39,13 +45,7 @@ def accuracy_study_table(
         for action in actions:
             rec = {"model": model, "action": action}
             rec |= estimand_row(table, where, needed, ACCURACY_MEASURES, model=model, action=action)
-            row = table.filter(
-                (pl.col("model") == model)
-                & (pl.col("action") == action)
-                & (pl.col("stratum") == "pooled")
-                & (pl.col("estimand") == "accuracy_x")
-            )
-            rec["n_docs"], rec["n_paths"] = row["n_docs"][0], row["n_paths"][0]
+            rec["n_docs"], rec["n_paths"] = pooled_support(table, model, action, "accuracy_x")
             records.append(rec)
     caption = (
         "Task accuracy per model and action (all strata pooled), each generation scored with "

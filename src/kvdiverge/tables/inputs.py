@@ -120,3 +120,15 @@ def actions_in(table: pl.DataFrame) -> list[str]:
 
 def models_in(table: pl.DataFrame) -> list[str]:
     return table["model"].unique(maintain_order=True).to_list()
+
+
+def pooled_support(table: pl.DataFrame, model: str, action: str, estimand: str) -> tuple[int, int]:
+    """``(n_docs, n_paths)`` of the pooled row of ``estimand`` for ``model`` × ``action``: the
+    documents and paths behind a table row."""
+    row = table.filter(
+        (pl.col("model") == model)
+        & (pl.col("action") == action)
+        & (pl.col("stratum") == "pooled")
+        & (pl.col("estimand") == estimand)
+    )
+    return row["n_docs"][0], row["n_paths"][0]

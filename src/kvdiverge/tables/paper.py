@@ -15,6 +15,7 @@ from kvdiverge.tables.inputs import (
     contrasts_in,
     default_main_contrast,
     models_in,
+    pooled_support,
     read_estimands,
     read_prediction,
     require_estimands,
@@ -92,13 +93,7 @@ def table1_timing(
             rec |= estimand_row(table, where, needed, TABLE1_MEASURES, model=model, action=action)
             got = estimand_row(table, where, needed, counts, model=model, action=action)
             rec |= {m.estimand: got[m.estimand] for m in counts}
-            rows = table.filter(
-                (pl.col("model") == model)
-                & (pl.col("action") == action)
-                & (pl.col("stratum") == "pooled")
-                & (pl.col("estimand") == "R_smc")
-            )
-            rec["n_docs"], rec["n_paths"] = rows["n_docs"][0], rows["n_paths"][0]
+            rec["n_docs"], rec["n_paths"] = pooled_support(table, model, action, "R_smc")
             records.append(rec)
     caption = (
         "Timing and occupation per model and action (all strata pooled): token-mismatch risk "
