@@ -17,7 +17,6 @@ value when K is per cohort); the number of documents equal to the metadata's ``n
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,10 +24,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from kvdiverge import __version__
-from kvdiverge.io import atomic_path
+from kvdiverge.io import read_parquet_metadata, write_parquet_with_metadata
 from kvdiverge.swrb_rollout import SwrbRollout, survival_weights
 
 __all__ = [
@@ -74,8 +71,6 @@ SWRB_METADATA_KEYS = (
 
 E_TOLERANCE = 1e-9
 """e_s may leave [0, 1], and M differ from 1 − Π(1 − e_s), by this much (float rounding)."""
-
-_META_PREFIX = "kvdiverge."
 
 
 class SwrbFormatError(ValueError):
@@ -233,25 +228,15 @@ def write_swrb_records(
         raise SwrbFormatError(f"{path}: metadata missing key(s) {', '.join(missing)}")
     frame = _conform(frame, str(path))
     check_swrb_records(frame, str(path), metadata)
-    table = frame.to_arrow()
-    meta = {f"{_META_PREFIX}{k}": json.dumps(v, sort_keys=True) for k, v in metadata.items()}
-    meta[f"{_META_PREFIX}package_version"] = json.dumps(__version__)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
-    with atomic_path(path, suffix=".parquet") as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+    write_parquet_with_metadata(frame, path, metadata)
 
 
 def read_swrb_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The kvdiverge key-value metadata of an SWRB record file, decoded from JSON."""
     try:
-        raw = pq.read_schema(path).metadata or {}
+        return read_parquet_metadata(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise SwrbFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
-    return {
-        k.decode()[len(_META_PREFIX) :]: json.loads(v.decode())
-        for k, v in raw.items()
-        if k.decode().startswith(_META_PREFIX)
-    }
 
 
 def read_swrb_records(path: str | os.PathLike, check: bool = True) -> pl.DataFrame:

@@ -16,7 +16,6 @@ line naming the file, document, replicate and step.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -25,8 +24,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvdiverge import __version__
-from kvdiverge.io import atomic_path
+from kvdiverge.io import read_parquet_metadata, write_parquet_with_metadata
 
 __all__ = [
     "METADATA_KEYS",
@@ -55,8 +53,6 @@ TRAJECTORY_SCHEMA: dict[str, pl.DataType] = {
 }
 
 METADATA_KEYS = ("model", "revision", "action", "H", "K", "seed", "coupling", "dtype", "device")
-
-_META_PREFIX = "kvdiverge."
 
 
 TV_TOLERANCE = 1e-6
@@ -96,26 +92,15 @@ def write_trajectories(
     missing = [k for k in METADATA_KEYS if k not in metadata]
     if missing:
         raise TrajectoryFormatError(f"{path}: metadata missing key(s) {', '.join(missing)}")
-    table = _conform(frame, str(path)).to_arrow()
-    meta = {f"{_META_PREFIX}{k}": json.dumps(v, sort_keys=True) for k, v in metadata.items()}
-    meta[f"{_META_PREFIX}package_version"] = json.dumps(__version__)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
-    with atomic_path(path, suffix=".parquet") as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+    write_parquet_with_metadata(_conform(frame, str(path)), path, metadata)
 
 
 def read_trajectory_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The kvdiverge key-value metadata of a trajectory file, decoded from JSON."""
     try:
-        raw = pq.read_schema(path).metadata or {}
+        return read_parquet_metadata(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise TrajectoryFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
-    out = {}
-    for k, v in raw.items():
-        key = k.decode()
-        if key.startswith(_META_PREFIX):
-            out[key[len(_META_PREFIX) :]] = json.loads(v.decode())
-    return out
 
 
 def _path_of(row: Mapping[str, Any], step: bool = True) -> str:
