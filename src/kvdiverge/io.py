@@ -38,8 +38,8 @@ __all__ = [
     "fsync_directory",
     "read_parquet_metadata",
     "sha256_file",
-    "write_parquet_with_metadata",
     "temporary_pattern",
+    "write_parquet_with_metadata",
 ]
 
 
