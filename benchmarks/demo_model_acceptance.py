@@ -37,7 +37,7 @@ from kvdiverge.datasets.fitting import derive_seed
 from kvdiverge.datasets.ruler import RULER_TASKS
 from kvdiverge.engine import RolloutSettings, rollout_document
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
-from kvdiverge.training import TrainingSample, evaluate_answers, heldout_samples
+from kvdiverge.models.training import TrainingSample, evaluate_answers, heldout_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 NIAH = tuple(t for t in RULER_TASKS if t.startswith("niah_"))

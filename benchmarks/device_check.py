@@ -5,7 +5,7 @@ Qwen2 models built here (random weights, the engine tests' seed):
 
 1. torch, CUDA and device names;
 2. per architecture and dtype (float32, bfloat16): the fused attention kernel the engine
-   validated and chose (``kvdiverge.attention._fused_kernel``), and the largest difference
+   validated and chose (``kvdiverge.engine.attention._fused_kernel``), and the largest difference
    between the engine's next-token laws (P on X's history, Q on Y's, Q on X's) and a plain
    transformers forward over an explicitly gathered cache on the same device, over every step
    of K = 4 replicates, H = 24 (`docs/architecture.md`, "Shared-prefix attention"; float32
@@ -42,8 +42,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from engine_reference import law_differences  # noqa: E402
 
-import kvdiverge.attention as attention  # noqa: E402
 import kvdiverge.engine as engine  # noqa: E402
+import kvdiverge.engine.attention as attention  # noqa: E402
 from kvdiverge.engine import RolloutSettings  # noqa: E402
 from kvdiverge.eviction import kept_positions, parse_action  # noqa: E402
 from kvdiverge.models import (  # noqa: E402

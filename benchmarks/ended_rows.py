@@ -27,7 +27,7 @@ import kvdiverge.engine as engine
 from kvdiverge.engine import RolloutSettings
 from kvdiverge.eviction import parse_action
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
-from kvdiverge.training import heldout_samples
+from kvdiverge.models.training import heldout_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTIONS = [

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from kvdiverge.config import load_schema, validate_config
-from kvdiverge.finite_state_study import study_summary, study_tables
+from kvdiverge.theory.finite_state_study import study_summary, study_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 

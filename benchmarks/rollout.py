@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvdiverge.coupling import Stream, crn_uniforms, document_key, maximal_coupling_step, tv
 from kvdiverge.engine import RolloutSettings, rollout_document, rollout_document_actions
 from kvdiverge.eviction import parse_action, run_prefill, select_positions
 from kvdiverge.models import build_demo_model, eos_token_ids, load_model, load_tokenizer
+from kvdiverge.theory.coupling import Stream, crn_uniforms, document_key, maximal_coupling_step, tv
 
 ACTION = parse_action({"selector": "snapkv", "budget": 0.5}, name="snapkv-half")
 SEED = 1

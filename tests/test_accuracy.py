@@ -18,7 +18,7 @@ from kvdiverge.analysis.accuracy import (
 )
 from kvdiverge.analysis.bootstrap import stratified_bootstrap_weights
 from kvdiverge.analysis.document_stats import AnalysisInputError
-from kvdiverge.scoring import METRICS, normalize_answer, score
+from kvdiverge.datasets.scoring import METRICS, normalize_answer, score
 from kvdiverge.tables import accuracy_study_table, read_estimands, render_html
 
 # ---- metrics -----------------------------------------------------------------------------------
@@ -263,8 +263,8 @@ def test_file_decoder_equals_the_tokenizers_decode(tmp_path, model, clean_up, re
     import shutil
     from pathlib import Path
 
-    from kvdiverge.detokenize import TokenizerFileDecoder, load_decoder
     from kvdiverge.models import load_tokenizer
+    from kvdiverge.models.detokenize import TokenizerFileDecoder, load_decoder
 
     if model == "smollm2":
         source = request.getfixturevalue("smollm2_folder")[0]

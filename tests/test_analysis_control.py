@@ -16,7 +16,7 @@ from kvdiverge.analysis.control import (
 )
 from kvdiverge.analysis.document_stats import document_stats
 from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
-from kvdiverge.trajectories import (
+from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
     read_trajectories,
     read_trajectory_metadata,
@@ -118,7 +118,7 @@ def test_tolerance_by_device_and_dtype(study, tmp_path):
 def test_a_broken_gather_fails_the_pipelines_control_check(tmp_path, monkeypatch):
     """The control runs through the gather and the shared-prefix attention like any action, so
     a defect there (values scaled by one half) makes the pipeline's control check fail."""
-    import kvdiverge.decode as decode
+    import kvdiverge.engine.document as decode
     from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
 
     root = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from kvdiverge.analysis.document_stats import (
     write_document_stats,
 )
 from kvdiverge.analysis.estimands import estimands_table
-from kvdiverge.trajectories import write_trajectories
+from kvdiverge.io.trajectories import write_trajectories
 
 H = 8
 CLOCK = Clock(H=8, branch_depth=4, window=2, blocks=((1, 4), (5, 8)), prefix=3, agreement_run=2)

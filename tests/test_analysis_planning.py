@@ -19,7 +19,7 @@ from kvdiverge.analysis.planning import (
     study_plan,
     variance_components,
 )
-from kvdiverge.trajectories import TRAJECTORY_SCHEMA, write_trajectories
+from kvdiverge.io.trajectories import TRAJECTORY_SCHEMA, write_trajectories
 
 
 def _dev_stats(sigma_b: float, sigma_w: float, n_docs: int, K: int, seed: int) -> pl.DataFrame:

@@ -21,7 +21,11 @@ from workflow_helpers import planned_jobs
 from kvdiverge.analysis.prespecification import read_lock
 from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
 from kvdiverge.config import validate_config
-from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata, write_trajectories
+from kvdiverge.io.trajectories import (
+    read_trajectories,
+    read_trajectory_metadata,
+    write_trajectories,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ["plan_sample_sizes", "prespecify", "document_stats", "estimands", "prediction"]

@@ -5,10 +5,10 @@ Every case asserts the stage that stops it and its one-line message:
 * config values, YAML files and cross-references: at parse time (kvdiverge.config), most cases
   through :func:`check_config` directly, a few through real ``snakemake -n`` runs that plan no
   job;
-* models: at parse time for a local folder (kvdiverge.preflight), the rest before the rollout
+* models: at parse time for a local folder (kvdiverge.engine.preflight), the rest before the rollout
   job loads the model;
 * documents: before the first rollout of a job (:func:`check_documents`);
-* trajectory files: when read (kvdiverge.trajectories), and so before any estimand;
+* trajectory files: when read (kvdiverge.io.trajectories), and so before any estimand;
 * faults: killed writes, a killed job's scratch area, where a failing script's traceback goes.
 """
 
@@ -32,8 +32,7 @@ from workflow_helpers import ROOT, planned_jobs, run_snakemake, workflow_copy
 from kvdiverge.analysis.document_stats import AnalysisInputError, document_stats
 from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
 from kvdiverge.config import ConfigError, check_config, load_yaml_strict
-from kvdiverge.io import JobScratch, atomic_path, clean_stale_temporaries
-from kvdiverge.preflight import (
+from kvdiverge.engine.preflight import (
     PreflightError,
     check_configured_models,
     check_documents,
@@ -41,7 +40,8 @@ from kvdiverge.preflight import (
     check_model_source,
     is_local_path,
 )
-from kvdiverge.trajectories import (
+from kvdiverge.io import JobScratch, atomic_path, clean_stale_temporaries
+from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
     read_trajectories,
     read_trajectory_metadata,
@@ -557,7 +557,7 @@ def test_documents_checked_with_the_job_models_lengths():
 def test_swrb_job_checks_its_documents_before_any_rollout(tmp_path):
     """An SWRB job (coupling: swrb) checks its documents as a trajectory rollout job does:
     one line naming the document, before the model loads and before any scratch area."""
-    from kvdiverge.swrb_job import run_swrb_job
+    from kvdiverge.engine.swrb_job import run_swrb_job
 
     path = tmp_path / "docs.parquet"
     _documents(prompt="word " * 20).write_parquet(path)
@@ -880,7 +880,7 @@ def test_a_failing_script_writes_its_traceback_to_its_log_and_one_line_to_the_co
     res = _python(
         """
         import sys, types, warnings
-        from kvdiverge.logs import job_log
+        from kvdiverge.pipeline.logs import job_log
         snakemake = types.SimpleNamespace(log=[sys.argv[1]], output=[sys.argv[2]], rule="demo")
         log = job_log(snakemake)
         log.info("started")
@@ -963,7 +963,7 @@ def test_dry_run_stops_before_any_job_with_one_line(case, work, tmp_path):
 
 
 def test_failing_dataset_job_logs_its_traceback_and_points_the_console_at_it(work, tmp_path):
-    """The dataset and analysis scripts used to leave their log empty (kvdiverge.logs)."""
+    """The dataset and analysis scripts used to leave their log empty (kvdiverge.pipeline.logs)."""
     path = tmp_path / "override.yaml"
     path.write_text(yaml.safe_dump({"datasets": {"helmet": {"data_dir": "nowhere"}}}))
     target = "results/documents/helmet-1024.parquet"

@@ -13,8 +13,8 @@ import pytest
 
 from kvdiverge.cli import main
 from kvdiverge.compare import CompareError, compare, parse_action_list
+from kvdiverge.io.trajectories import read_trajectories
 from kvdiverge.tables import read_estimands
-from kvdiverge.trajectories import read_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "data" / "models" / "tiny-llama"

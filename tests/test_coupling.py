@@ -1,4 +1,4 @@
-"""kvdiverge.coupling: exact joint law of both samplers, sampling, CRN streams."""
+"""kvdiverge.theory.coupling: exact joint law of both samplers, sampling, CRN streams."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from kvdiverge.coupling import (
+from kvdiverge.theory.coupling import (
     Stream,
     canonical_eos,
     crn_uniforms,

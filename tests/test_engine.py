@@ -1,4 +1,5 @@
-"""The coupled rollout engine (kvdiverge.attention, kvdiverge.decode, kvdiverge.rollout_job)."""
+"""The coupled rollout engine (kvdiverge.engine: attention, rows, document, batches,
+rollout_job)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import transformers
 from engine_reference import law_differences, reference_logits
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import kvdiverge.attention as attention
-import kvdiverge.decode as decode
+import kvdiverge.engine.attention as attention
+import kvdiverge.engine.document as document_module
+import kvdiverge.engine.rows as rows_module
 from kvdiverge.analysis.control import check_full_retention_control
 from kvdiverge.analysis.planning import cost_from_timing, read_timing
-from kvdiverge.coupling import maximal_coupling_joint
 from kvdiverge.engine import (
     RolloutSettings,
     reference_groups,
@@ -28,6 +29,12 @@ from kvdiverge.engine import (
     trajectory_frame,
 )
 from kvdiverge.eviction import kept_positions, parse_action, run_prefill
+from kvdiverge.io.trajectories import (
+    TrajectoryFormatError,
+    read_trajectories,
+    read_trajectory_metadata,
+    write_trajectories,
+)
 from kvdiverge.models import (
     build_demo_model,
     chat_prompt_ids,
@@ -35,12 +42,7 @@ from kvdiverge.models import (
     load_model,
     load_tokenizer,
 )
-from kvdiverge.trajectories import (
-    TrajectoryFormatError,
-    read_trajectories,
-    read_trajectory_metadata,
-    write_trajectories,
-)
+from kvdiverge.theory.coupling import maximal_coupling_joint
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -158,7 +160,7 @@ def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch
     np.testing.assert_allclose(small.tv_rollout, whole.tv_rollout, atol=1e-5)
     assert np.array_equal(subset.y_token, whole.y_token[4:])
 
-    real_chunk = decode._rollout_chunk
+    real_chunk = document_module._rollout_chunk
     sizes = []
 
     def fake_oom(*args, **kwargs):
@@ -167,7 +169,7 @@ def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real_chunk(*args, **kwargs)
 
-    monkeypatch.setattr(decode, "_rollout_chunk", fake_oom)
+    monkeypatch.setattr(document_module, "_rollout_chunk", fake_oom)
     split = rollout_document(model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2))
     assert sizes[0] == 6 and sizes.count(6) == 1
     assert sum(size for size in sizes if size <= 2) == 6  # the chunks that ran cover K once
@@ -418,7 +420,7 @@ def test_fused_attention_kernel_is_validated_before_use(monkeypatch, caplog):
         monkeypatch.setattr(attention, "_FUSED", {})
         monkeypatch.setattr(attention, "_FUSED_CANDIDATES", {"cpu": candidates})
         assert attention._fused_kernel(q) is chosen
-    with caplog.at_level("WARNING", logger="kvdiverge.attention"):
+    with caplog.at_level("WARNING", logger="kvdiverge.engine.attention"):
         out, lse = attention._attention_with_lse(q, k, v, 0.25)
     assert "fused attention" in caplog.text and "using the plain path" in caplog.text
     assert torch.equal(out, plain[0]) and torch.equal(lse, plain[1])
@@ -512,13 +514,13 @@ def test_multi_action_job_files_equal_single_action_jobs(demo_path, tmp_path, co
 def call_rows(monkeypatch) -> list[int]:
     """The batch rows of every decoding model call the engine makes, in order."""
     rows: list[int] = []
-    real = decode.decode_step
+    real = rows_module.decode_step
 
     def spy(model, tokens, position, cache, shared):
         rows.append(tokens.shape[0])
         return real(model, tokens, position, cache, shared)
 
-    monkeypatch.setattr(decode, "decode_step", spy)
+    monkeypatch.setattr(rows_module, "decode_step", spy)
     return rows
 
 

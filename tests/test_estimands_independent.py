@@ -2,7 +2,7 @@
 
 The fixture is a hand-built trajectory study (several strata of different sizes, documents
 with different replicate counts, a control, a rarely diverging action and a development
-cohort), written with :func:`kvdiverge.trajectories.write_trajectories` and run through the real
+cohort), written with :func:`kvdiverge.io.trajectories.write_trajectories` and run through the real
 pipeline (:func:`document_stats` then :func:`estimands_table`). The expected values come from
 plain Python loops over the written paths, following the definitions:
 
@@ -36,9 +36,9 @@ from kvdiverge.analysis.estimands import (
     render_markdown,
     write_estimands,
 )
+from kvdiverge.io.trajectories import write_trajectories
 from kvdiverge.tables import read_estimands, table1_timing, table2_decomposition
 from kvdiverge.tables import render_markdown as study_markdown
-from kvdiverge.trajectories import write_trajectories
 
 H = 16
 CLOCK = Clock.for_horizon(H)  # d = 8, window 2, blocks 1:4, 5:8, 9:16, prefix 4, run 2

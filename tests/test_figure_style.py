@@ -15,7 +15,6 @@ import polars as pl
 import pytest
 from study_helpers import CONTROL, LAMBDAS, STRATA, STUDY2_LAMBDAS, build_study
 
-from kvdiverge.finite_state_study import study_tables
 from kvdiverge.plots.base import (
     COLUMN_WIDTH,
     DPI,
@@ -38,6 +37,7 @@ from kvdiverge.plots.study import (
 )
 from kvdiverge.plots.theory import plot_introductory_example
 from kvdiverge.tables import read_estimands
+from kvdiverge.theory.finite_state_study import study_tables
 
 COMPARED = [a for a in LAMBDAS if a != CONTROL]
 STUDY2 = [a for a in STUDY2_LAMBDAS if a != CONTROL]

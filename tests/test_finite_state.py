@@ -1,4 +1,4 @@
-"""kvdiverge.finite_state: kernel pairs, exact DP, naive and SWRB."""
+"""kvdiverge.theory.finite_state: kernel pairs, exact DP, naive and SWRB."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from exact_small import exact_summary, exact_window
 
-from kvdiverge import identification as ident
+from kvdiverge.theory import identification as ident
 from kvdiverge.config import ConfigError, validate_config
-from kvdiverge.coupling import tv
-from kvdiverge.finite_state import (
+from kvdiverge.theory.coupling import tv
+from kvdiverge.theory.finite_state import (
     FiniteStateKernelPair,
     coupled_rollouts,
     exact_risk,
@@ -23,7 +23,12 @@ from kvdiverge.finite_state import (
     swrb_replicates,
     swrb_weight_bound,
 )
-from kvdiverge.finite_state_study import family, family_parameters, study_summary, study_tables
+from kvdiverge.theory.finite_state_study import (
+    family,
+    family_parameters,
+    study_summary,
+    study_tables,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"

@@ -1,4 +1,4 @@
-"""kvdiverge.hardware: the scheduler's GPU answer without importing torch."""
+"""kvdiverge.pipeline.hardware: the scheduler's GPU answer without importing torch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.metadata
 import subprocess
 import sys
 
-from kvdiverge import hardware
+from kvdiverge.pipeline import hardware
 
 
 def test_explicit_devices_answer_themselves():
@@ -28,7 +28,7 @@ def test_auto_needs_a_device_node_and_a_gpu_build(monkeypatch):
 
 def test_auto_agrees_with_torch_here_and_imports_no_torch():
     probe = (
-        "import sys; from kvdiverge.hardware import gpu_expected; "
+        "import sys; from kvdiverge.pipeline.hardware import gpu_expected; "
         "print(gpu_expected('auto'), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""kvdiverge.identification: R_L, B_L, intervals, and the sharp constructions."""
+"""kvdiverge.theory.identification: R_L, B_L, intervals, and the sharp constructions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from exact_small import exact_summary, exact_window, random_kernel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvdiverge import identification as ident
+from kvdiverge.theory import identification as ident
 
 
 def random_summary(rng: np.random.Generator, H: int) -> tuple[np.ndarray, np.ndarray]:

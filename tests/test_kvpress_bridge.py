@@ -1,4 +1,4 @@
-"""The kvpress bridge and user selectors (kvdiverge.kvpress_bridge, kvdiverge.eviction).
+"""The kvpress bridge and user selectors (kvdiverge.eviction.kvpress_bridge, kvdiverge.eviction).
 
 Every bridged press is compared with kvpress's own compression, applied through its own hooks
 (``with press(model): model(input_ids)``) to the same model and prompt: the kept positions per
@@ -17,8 +17,8 @@ import torch
 import transformers
 from transformers import AttentionInterface, AutoModelForCausalLM
 
-from kvdiverge.attention import attention_implementation
-from kvdiverge.decode import RolloutSettings, rollout_document_actions
+from kvdiverge.engine import RolloutSettings, rollout_document_actions
+from kvdiverge.engine.attention import attention_implementation
 from kvdiverge.eviction import (
     SELECTORS,
     ActionError,
@@ -28,7 +28,7 @@ from kvdiverge.eviction import (
     run_prefill,
     select_positions,
 )
-from kvdiverge.kvpress_bridge import REFUSED, attention_probabilities
+from kvdiverge.eviction.kvpress_bridge import REFUSED, attention_probabilities
 from kvdiverge.models import build_demo_model, chat_prompt_ids, load_model, load_tokenizer
 
 kvpress = pytest.importorskip("kvpress")

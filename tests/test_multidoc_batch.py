@@ -1,4 +1,4 @@
-"""Several documents in one model call (kvdiverge.decode.rollout_documents, plan_batches).
+"""Several documents in one model call (kvdiverge.engine.batches: rollout_documents, plan_batches).
 
 A batch holds the rows of several documents, each with its own prompt groups (full and evicted
 caches), positions and common random numbers. Every document's results must equal its
@@ -14,8 +14,8 @@ import torch
 import transformers
 from engine_reference import law_differences
 
-import kvdiverge.decode as decode
-from kvdiverge.decode import (
+import kvdiverge.engine.batches as batches_module
+from kvdiverge.engine import (
     RolloutSettings,
     plan_batches,
     rollout_document_actions,
@@ -81,13 +81,13 @@ def demo(request, tmp_path_factory):
 def unit_batches(monkeypatch) -> list[list[int]]:
     """The documents' prompt lengths of every batch the engine decodes, in order."""
     batches: list[list[int]] = []
-    real = decode._rollout_units
+    real = batches_module._rollout_units
 
     def spy(model, units, eos_ids, settings):
         batches.append([unit.prefill.n for unit in units])
         return real(model, units, eos_ids, settings)
 
-    monkeypatch.setattr(decode, "_rollout_units", spy)
+    monkeypatch.setattr(batches_module, "_rollout_units", spy)
     return batches
 
 
@@ -201,14 +201,14 @@ def test_skipped_documents_and_out_of_memory(demo, unit_batches, monkeypatch):
             for field in FIELDS + LAWS:
                 assert np.array_equal(getattr(r, field), getattr(whole[doc_id][name], field))
 
-    real = decode._rollout_units
+    real = batches_module._rollout_units
 
     def small_memory(model, units, eos_ids, settings):
         if sum(unit.rows for unit in units) > 9:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model, units, eos_ids, settings)
 
-    monkeypatch.setattr(decode, "_rollout_units", small_memory)
+    monkeypatch.setattr(batches_module, "_rollout_units", small_memory)
     split = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
     for doc_id, results in split.items():
         for name, r in results.items():

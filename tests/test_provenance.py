@@ -1,4 +1,4 @@
-"""Rerun fingerprints derived from imports (kvdiverge.provenance)."""
+"""Rerun fingerprints derived from imports (kvdiverge.pipeline.provenance)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvdiverge import provenance
-from kvdiverge.provenance import (
+from kvdiverge.pipeline import provenance
+from kvdiverge.pipeline.provenance import (
     PACKAGE,
     code_text,
     imported_modules,
@@ -23,15 +23,17 @@ def test_real_scripts_reach_what_they_use_transitively():
     rollout = imported_modules([ROOT / "workflow" / "scripts" / "rollout.py"])
     # the script imports kvdiverge.engine, which gathers the three engine modules; the job
     # loads models and writes trajectories through function-level imports
-    for name in ("kvdiverge.engine", "kvdiverge.decode", "kvdiverge.attention",
-                 "kvdiverge.rollout_job", "kvdiverge.coupling", "kvdiverge.eviction",
-                 "kvdiverge.models", "kvdiverge.trajectories", "kvdiverge"):  # fmt: skip
+    for name in ("kvdiverge.engine", "kvdiverge.engine.rows", "kvdiverge.engine.attention",
+                 "kvdiverge.engine.rollout_job", "kvdiverge.theory.coupling", "kvdiverge.eviction",
+                 "kvdiverge.models", "kvdiverge.io.trajectories", "kvdiverge"):  # fmt: skip
         assert name in rollout, name
     assert "kvdiverge.plots.study" not in rollout and "kvdiverge.tables" not in rollout
     stats = imported_modules([ROOT / "workflow" / "scripts" / "document_stats.py"])
     # reached through document_stats only: the control check and the risk definitions
-    assert {"kvdiverge.analysis.control", "kvdiverge.risk", "kvdiverge.analysis"} <= set(stats)
-    assert "kvdiverge.decode" not in stats
+    assert {"kvdiverge.analysis.control", "kvdiverge.theory.risk", "kvdiverge.analysis"} <= set(
+        stats
+    )
+    assert "kvdiverge.engine.rows" not in stats
 
 
 @pytest.fixture
@@ -186,9 +188,9 @@ def test_source_analyses_are_cached_across_processes_by_content(tmp_path):
 
     cache = tmp_path / "cache"
     module = tmp_path / "fp_cached.py"
-    module.write_text("import kvdiverge.groups\nx = 1  # one\n")
+    module.write_text("import kvdiverge.analysis.groups\nx = 1  # one\n")
     probe = (
-        "import sys; from kvdiverge.provenance import code_text, script_fingerprint; "
+        "import sys; from kvdiverge.pipeline.provenance import code_text, script_fingerprint; "
         "print(script_fingerprint(sys.argv[1]), repr(code_text(open(sys.argv[1]).read())))"
     )
 
@@ -204,6 +206,6 @@ def test_source_analyses_are_cached_across_processes_by_content(tmp_path):
     files[0].write_text("{not json")
     assert run() == cold  # a corrupt file is ignored and rewritten
     assert json.loads(files[0].read_text())
-    module.write_text("import kvdiverge.groups\nx = 2  # one\n")
+    module.write_text("import kvdiverge.analysis.groups\nx = 2  # one\n")
     changed = run()
     assert changed != cold and "x = 2" in changed

@@ -188,7 +188,7 @@ def test_accuracy_entries_sit_with_the_study_tables_and_figures(report):
 )
 def test_the_report_follows_only_a_real_run_of_the_default_target(settings, built):
     """The `onsuccess` handler's decision (workflow/rules/common.smk, `report_after_run`)."""
-    from kvdiverge.workflow_report import wants_report
+    from kvdiverge.pipeline.report import wants_report
 
     run = {"dryrun": False, "touch": False, "remote": False, "targets": set(), "target_jobs": []}
     assert wants_report(**{**run, **settings}) is built

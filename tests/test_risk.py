@@ -1,4 +1,4 @@
-"""kvdiverge.risk: moments against exact enumeration, identities, closed forms."""
+"""kvdiverge.theory.risk: moments against exact enumeration, identities, closed forms."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from kvdiverge import risk
-from kvdiverge.coupling import maximal_coupling_step, tv
-from kvdiverge.risk import KernelPair, exact_path_law
+from kvdiverge.theory import risk
+from kvdiverge.theory.coupling import maximal_coupling_step, tv
+from kvdiverge.theory.risk import KernelPair, exact_path_law
 
 # ----------------------------------------------------------------------------------------------
 # Strategies

@@ -214,7 +214,7 @@ def test_an_action_appended_in_a_new_group_reruns_only_that_group(tmp_path):
     from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
     from kvdiverge.analysis.prespecification import read_lock
-    from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
+    from kvdiverge.io.trajectories import read_trajectories, read_trajectory_metadata
 
     work = workflow_copy(tmp_path)
     (work / "results" / "documents").mkdir(parents=True)
@@ -304,15 +304,18 @@ def test_an_action_appended_in_a_new_group_reruns_only_that_group(tmp_path):
 
 
 def test_the_lock_rules_reach_no_method_code():
-    """The plan, lock and amendment scripts' code fingerprints (kvdiverge.provenance) cover no
+    """The plan, lock and amendment scripts' code fingerprints (kvdiverge.pipeline.provenance)
+    cover no
     selector module nor the config checks that import them: editing a method re-locks no study
-    (the groups come from kvdiverge.groups, which imports nothing of the package)."""
-    from kvdiverge.provenance import imported_modules
+    (the groups come from kvdiverge.analysis.groups, which imports nothing of the package)."""
+    from kvdiverge.pipeline.provenance import imported_modules
 
     scripts = ROOT / "workflow" / "scripts"
     for script in ("plan_sample_sizes.py", "prespecify.py", "prespecify_group.py"):
         reached = imported_modules([scripts / script])
         assert "kvdiverge.analysis.prespecification" in reached or script.startswith("plan")
-        assert not {"kvdiverge.eviction", "kvdiverge.config", "kvdiverge.kvpress_bridge"} & set(
-            reached
-        ), (script, reached)
+        assert not {
+            "kvdiverge.eviction",
+            "kvdiverge.config",
+            "kvdiverge.eviction.kvpress_bridge",
+        } & set(reached), (script, reached)

@@ -1,6 +1,7 @@
 """A rollout job killed part-way (a real SIGKILL) resumes from its finished documents and
-writes the same files as an uninterrupted run (kvdiverge.rollout_job, kvdiverge.io.JobScratch);
-the same for an SWRB job (kvdiverge.swrb_job)."""
+writes the same files as an uninterrupted run (kvdiverge.engine.rollout_job,
+kvdiverge.io.JobScratch);
+the same for an SWRB job (kvdiverge.engine.swrb_job)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
-from kvdiverge.swrb_job import run_swrb_job
-from kvdiverge.swrb_records import read_swrb_metadata, read_swrb_records
-from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
+from kvdiverge.engine.swrb_job import run_swrb_job
+from kvdiverge.io.swrb_records import read_swrb_metadata, read_swrb_records
+from kvdiverge.io.trajectories import read_trajectories, read_trajectory_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
@@ -53,7 +54,7 @@ run_stratum_rollout_job(
 KILLED_SWRB = (
     PAUSING
     + """
-from kvdiverge.swrb_job import run_swrb_job
+from kvdiverge.engine.swrb_job import run_swrb_job
 run_swrb_job(
     spec["documents"], spec["out"], spec["model"], spec["actions"], spec["cohorts"],
     H=spec["H"], seed=spec["seed"], device="cpu", resume_key="test",
@@ -103,7 +104,7 @@ def test_a_killed_rollout_job_resumes_with_identical_files(tmp_path, caplog):
     assert not any(path.exists() for path in resumed.values())  # no output was written
     kept = list(folder.glob(".*scratch-*/*/done.json"))
     assert len(kept) == 1
-    with caplog.at_level("INFO", logger="kvdiverge.rollout_job"):
+    with caplog.at_level("INFO", logger="kvdiverge.engine.rollout_job"):
         run_stratum_rollout_job(
             DOCUMENTS, resumed, MODEL, ACTIONS, COHORTS, RolloutSettings(**SETTINGS),
             device="cpu", resume_key="test",
@@ -119,7 +120,7 @@ def test_a_killed_rollout_job_resumes_with_identical_files(tmp_path, caplog):
     again = _outputs(tmp_path / "again")
     _kill_after_first_document(KILLED, _job_spec(again, settings=SETTINGS), tmp_path / "again")
     caplog.clear()
-    with caplog.at_level("INFO", logger="kvdiverge.rollout_job"):
+    with caplog.at_level("INFO", logger="kvdiverge.engine.rollout_job"):
         run_stratum_rollout_job(
             DOCUMENTS, again, MODEL, ACTIONS, COHORTS, RolloutSettings(12, 6), device="cpu",
             resume_key="test",
@@ -136,7 +137,7 @@ def test_a_killed_swrb_job_resumes_with_identical_files(tmp_path, caplog):
     _kill_after_first_document(KILLED_SWRB, _job_spec(resumed, **run), tmp_path / "resumed")
     assert not any(path.exists() for path in resumed.values())  # no output was written
     assert len(list((tmp_path / "resumed").glob(".*scratch-*/*/done.json"))) == 1
-    with caplog.at_level("INFO", logger="kvdiverge.rollout_job"):
+    with caplog.at_level("INFO", logger="kvdiverge.engine.rollout_job"):
         run_swrb_job(
             DOCUMENTS, resumed, MODEL, ACTIONS, COHORTS, device="cpu", resume_key="test", **run
         )

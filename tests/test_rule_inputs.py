@@ -1,9 +1,9 @@
-"""Named inputs read back by key (kvdiverge.rule_inputs; common.smk's `keyed`)."""
+"""Named inputs read back by key (kvdiverge.pipeline.rule_inputs; common.smk's `keyed`)."""
 
 import pytest
 from snakemake.iocontainers import InputFiles
 
-from kvdiverge.rule_inputs import keyed_inputs, split_keys
+from kvdiverge.pipeline.rule_inputs import keyed_inputs, split_keys
 
 
 def _named(entries: dict) -> InputFiles:

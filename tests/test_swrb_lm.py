@@ -1,4 +1,5 @@
-"""SWRB for language-model rollouts (kvdiverge.swrb_rollout) against exact enumerated answers.
+"""SWRB for language-model rollouts (kvdiverge.engine.swrb_rollout) against exact enumerated
+answers.
 
 A tiny causal LM (random weights, 5 tokens of which 4 is EOS, a 40-token prompt, H = 4) with an
 evicting action: every next-token law P(·|h) (full cache) and Q(·|h) (evicted cache) is computed
@@ -26,9 +27,10 @@ from kvdiverge.analysis.swrb import (
     swrb_study_table,
 )
 from kvdiverge.engine import RolloutSettings, rollout_document
+from kvdiverge.engine.swrb_job import run_swrb_job
+from kvdiverge.engine.swrb_rollout import swrb_rollout_document
 from kvdiverge.eviction import kept_positions
-from kvdiverge.swrb_job import run_swrb_job
-from kvdiverge.swrb_records import (
+from kvdiverge.io.swrb_records import (
     SwrbFormatError,
     read_swrb_metadata,
     read_swrb_records,
@@ -36,7 +38,7 @@ from kvdiverge.swrb_records import (
     swrb_frame,
     write_swrb_records,
 )
-from kvdiverge.swrb_rollout import survival_weights, swrb_rollout_document
+from kvdiverge.theory.survival import survival_weights
 
 V, EOS, H = 5, 4, 4
 ACTION = {"name": "recent-32", "selector": "recent", "budget": 32}

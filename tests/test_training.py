@@ -1,4 +1,4 @@
-"""Training the demo models (kvdiverge.training; README "Demo models")."""
+"""Training the demo models (kvdiverge.models.training; README "Demo models")."""
 
 from __future__ import annotations
 
@@ -22,19 +22,21 @@ from kvdiverge.models import (
     load_model,
     load_tokenizer,
 )
-from kvdiverge.training import (
-    TRAINING_FILE,
+from kvdiverge.models.curriculum import (
     Stage,
-    StaleModelError,
     TrainSettings,
     answer_text,
     batch_loss,
-    check_demo_model_folder,
-    check_trained_model,
-    demo_model_fingerprint,
     drill_ids,
     make_batch,
     sample_task_prompt,
+)
+from kvdiverge.models.training import (
+    TRAINING_FILE,
+    StaleModelError,
+    check_demo_model_folder,
+    check_trained_model,
+    demo_model_fingerprint,
     train_model,
     training_fingerprint,
 )
@@ -78,7 +80,7 @@ def test_training_lowers_heldout_loss_and_is_deterministic(kind):
     settings = TrainSettings.from_config(TINY)
     model, tokenizer = _fresh(kind)
     gen_rng = random.Random(12345)  # a batch no training step draws (training keys by step)
-    from kvdiverge.training import _generator
+    from kvdiverge.models.training import _generator
 
     gen, plain = _generator(tokenizer, seed=3)
     heldout = make_batch(gen, settings, settings.stages[0], plain, gen_rng)
@@ -100,7 +102,7 @@ def test_batch_masks_mark_the_answer_and_eos():
     raw = {"stages": [{"max_tokens": 600, "steps": 1}], "drill_fraction": 0, "plain_fraction": 0}
     settings = TrainSettings.from_config(raw)
     _, tokenizer = _fresh("llama")
-    from kvdiverge.training import _generator
+    from kvdiverge.models.training import _generator
 
     gen, plain = _generator(tokenizer, seed=1)
     rng = random.Random(7)

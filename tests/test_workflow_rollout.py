@@ -14,7 +14,7 @@ import yaml
 from workflow_helpers import ROOT, package_env, planned_jobs, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.prespecification import read_lock
-from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
+from kvdiverge.io.trajectories import read_trajectories, read_trajectory_metadata
 
 FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
 SMALL = {

@@ -15,8 +15,8 @@ import yaml
 from workflow_helpers import ROOT, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.prespecification import read_lock
-from kvdiverge.swrb_records import read_swrb_metadata, read_swrb_records
-from kvdiverge.trajectories import read_trajectory_metadata
+from kvdiverge.io.swrb_records import read_swrb_metadata, read_swrb_records
+from kvdiverge.io.trajectories import read_trajectory_metadata
 
 FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
 H = 8

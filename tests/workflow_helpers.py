@@ -58,7 +58,7 @@ def workflow_copy(
 
 
 def write_stand_in_model(folder: Path, positions: int = 131072) -> Path:
-    """A folder that passes the parse-time model checks (kvdiverge.preflight) without weights
+    """A folder that passes the parse-time model checks (kvdiverge.engine.preflight) without weights
     worth loading: config.json with a context window of ``positions``, an empty but whole
     safetensors file, a tokenizer config with a chat template. For dry runs only."""
     import json

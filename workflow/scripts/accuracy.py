@@ -1,6 +1,6 @@
 """Rule accuracy: task accuracy per action and by divergence timing (long CSV, table, figure)."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
@@ -16,10 +16,10 @@ from kvdiverge.analysis.accuracy import (  # noqa: E402
     write_accuracy,
 )
 from kvdiverge.analysis.estimands import study_seed  # noqa: E402
-from kvdiverge.detokenize import load_decoder  # noqa: E402
+from kvdiverge.io.trajectories import read_trajectory_metadata  # noqa: E402
+from kvdiverge.models.detokenize import load_decoder  # noqa: E402
 from kvdiverge.plots.accuracy import write_accuracy_figure  # noqa: E402
 from kvdiverge.tables import write_accuracy_table  # noqa: E402
-from kvdiverge.trajectories import read_trajectory_metadata  # noqa: E402
 
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # no subsetting lines per PDF
 p, out, study = snakemake.params, snakemake.output, snakemake.wildcards.study

@@ -4,7 +4,7 @@ before the study's plan and lock (README "Prespecification")."""
 
 import sys
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)
 

@@ -1,11 +1,11 @@
 """Rule document_stats: trajectories → one row per (document, action)."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
 from kvdiverge.analysis.document_stats import document_stats, write_document_stats  # noqa: E402
-from kvdiverge.rule_inputs import keyed_inputs  # noqa: E402
+from kvdiverge.pipeline.rule_inputs import keyed_inputs  # noqa: E402
 
 files = {
     action: list(paths) for action, paths in keyed_inputs(snakemake.input, "trajectories").items()

@@ -1,6 +1,6 @@
 """Rule estimands: every estimand with paired bootstrap intervals."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
@@ -14,8 +14,8 @@ from kvdiverge.analysis.estimands import (  # noqa: E402
     write_estimands,
 )
 from kvdiverge.analysis.prespecification import check_lock  # noqa: E402
-from kvdiverge.rule_inputs import keyed_inputs  # noqa: E402
-from kvdiverge.trajectories import read_trajectory_metadata  # noqa: E402
+from kvdiverge.io.trajectories import read_trajectory_metadata  # noqa: E402
+from kvdiverge.pipeline.rule_inputs import keyed_inputs  # noqa: E402
 
 p = snakemake.params
 study = p.study

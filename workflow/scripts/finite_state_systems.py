@@ -1,11 +1,11 @@
 """Rule finite_state_systems: run the finite-state study and write its two tables."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
-from kvdiverge.finite_state_study import study_summary, study_tables  # noqa: E402
 from kvdiverge.io import atomic_path  # noqa: E402
+from kvdiverge.theory.finite_state_study import study_summary, study_tables  # noqa: E402
 
 config = {"seed": snakemake.params.seed, "finite_state": dict(snakemake.params.finite_state)}
 systems, windows = study_tables(config, log=log.info)

@@ -1,6 +1,6 @@
 """Rule introductory_figure: figure 1, occurrence versus occupation."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 

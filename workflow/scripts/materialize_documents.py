@@ -2,7 +2,7 @@
 
 import sys
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 

@@ -2,13 +2,13 @@
 
 import json
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
 from kvdiverge.analysis.planning import study_plan  # noqa: E402
 from kvdiverge.io import atomic_write_text  # noqa: E402
-from kvdiverge.rule_inputs import keyed_inputs, split_keys  # noqa: E402
+from kvdiverge.pipeline.rule_inputs import keyed_inputs, split_keys  # noqa: E402
 
 p = snakemake.params
 plan = study_plan(

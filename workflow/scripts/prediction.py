@@ -1,6 +1,6 @@
 """Rule prediction: aggregate prediction and Table 4 contrasts."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
@@ -10,7 +10,7 @@ from kvdiverge.analysis.document_stats import AnalysisInputError, read_document_
 from kvdiverge.analysis.estimands import study_seed  # noqa: E402
 from kvdiverge.analysis.prediction import prediction_table  # noqa: E402
 from kvdiverge.io import atomic_path  # noqa: E402
-from kvdiverge.rule_inputs import keyed_inputs  # noqa: E402
+from kvdiverge.pipeline.rule_inputs import keyed_inputs  # noqa: E402
 
 p = snakemake.params
 study = snakemake.wildcards.study

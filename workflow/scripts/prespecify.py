@@ -3,7 +3,7 @@ rollout (README "Prespecification")."""
 
 import json
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 

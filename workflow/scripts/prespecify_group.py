@@ -1,7 +1,7 @@
 """Rule prespecify_group: a later rollout group's amendment lock from the config and the study's
 lock, before the group's evaluation rollouts (README "Compare your own method")."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 

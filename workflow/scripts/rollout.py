@@ -5,15 +5,15 @@ carries the lock's hash (README "Prespecification")."""
 
 import sys
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from kvdiverge.analysis.prespecification import evaluation_cohorts, read_lock  # noqa: E402
 from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job  # noqa: E402
+from kvdiverge.io.locks import evaluation_cohorts, read_lock  # noqa: E402
 
 lock = read_lock(snakemake.input.lock)
 cohorts = evaluation_cohorts(lock)

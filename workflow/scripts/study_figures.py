@@ -1,7 +1,7 @@
 """Rules study_figures and study_branch_figure: figure 5 (pooled and per stratum), figures 6-7
 and the decomposition bars of one study, drawn from its estimands table."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 

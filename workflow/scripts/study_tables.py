@@ -1,7 +1,7 @@
 """Rule study_tables: Tables 1-4 of one study as CSV, Markdown, LaTeX and HTML, and the
 estimands' tidy Parquet copy with its summary (Markdown, HTML)."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 

@@ -2,14 +2,14 @@
 files, in the layout of estimands.csv, with the stratified document bootstrap paired across
 actions (README "SWRB for language-model rollouts")."""
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
 from kvdiverge.analysis.estimands import study_seed, write_estimands  # noqa: E402
 from kvdiverge.analysis.prespecification import check_lock  # noqa: E402
 from kvdiverge.analysis.swrb import swrb_study_table  # noqa: E402
-from kvdiverge.swrb_records import read_swrb_metadata  # noqa: E402
+from kvdiverge.io.swrb_records import read_swrb_metadata  # noqa: E402
 
 p = snakemake.params
 # Before any work: the config still implies the lock, and every record file ran under it.

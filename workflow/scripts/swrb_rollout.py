@@ -1,20 +1,20 @@
 """Rule rollout_<study> under ``rollout.coupling: swrb``: the evaluation cohort's SWRB
 replicates of a stratum under every action of the study, one SWRB record file per action
-(kvdiverge.swrb_job; README "SWRB for language-model rollouts"). The replicates come from the
+(kvdiverge.engine.swrb_job; README "SWRB for language-model rollouts"). The replicates come from the
 study's lock, written before any evaluation rollout, and every file carries the lock's hash
 (README "Prespecification")."""
 
 import sys
 
-from kvdiverge.logs import job_log
+from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from kvdiverge.analysis.prespecification import evaluation_cohorts, read_lock  # noqa: E402
-from kvdiverge.swrb_job import run_swrb_job  # noqa: E402
+from kvdiverge.engine.swrb_job import run_swrb_job  # noqa: E402
+from kvdiverge.io.locks import evaluation_cohorts, read_lock  # noqa: E402
 
 lock = read_lock(snakemake.input.lock)
 cohorts = evaluation_cohorts(lock)

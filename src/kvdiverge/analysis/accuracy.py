@@ -3,7 +3,7 @@
 Each path's reference X (the full cache) and intervention Y (the action's cache) generations are
 decoded with the model's tokenizer — the tokens before the first EOS, within the horizon H — and
 scored against the document's gold answers with its source's own metric
-(:mod:`kvdiverge.scoring`; the metric of a document follows from its stratum's dataset
+(:mod:`kvdiverge.datasets.scoring`; the metric of a document follows from its stratum's dataset
 environment, :mod:`kvdiverge.datasets.registry`). A path's divergence timing is *early* when
 τ ≤ d (the branch depth of the analysis clock, H/2 by default), *late* when d < τ ≤ H and
 *never* when X and Y agree at every step (then their scores are equal).
@@ -40,10 +40,10 @@ import polars as pl
 from kvdiverge.analysis.bootstrap import percentile_interval, stratified_bootstrap_weights
 from kvdiverge.analysis.document_stats import AnalysisInputError, Clock
 from kvdiverge.analysis.estimands import ESTIMAND_COLUMNS
+from kvdiverge.datasets.scoring import METRICS, score
 from kvdiverge.io import atomic_path
-from kvdiverge.risk import first_divergence
-from kvdiverge.scoring import METRICS, score
-from kvdiverge.trajectories import TrajectoryFormatError, read_trajectories
+from kvdiverge.io.trajectories import TrajectoryFormatError, read_trajectories
+from kvdiverge.theory.risk import first_divergence
 
 __all__ = [
     "ACCURACY_ESTIMANDS",

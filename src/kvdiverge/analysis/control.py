@@ -25,7 +25,7 @@ from typing import Any
 
 import polars as pl
 
-from kvdiverge.trajectories import read_trajectories, read_trajectory_metadata
+from kvdiverge.io.trajectories import read_trajectories, read_trajectory_metadata
 
 __all__ = [
     "CONTROL_TOLERANCE",

@@ -53,14 +53,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvdiverge.analysis.control import check_full_retention_control
-from kvdiverge.documents import read_documents
 from kvdiverge.io import atomic_path
-from kvdiverge.risk import first_divergence
-from kvdiverge.trajectories import (
+from kvdiverge.io.documents import read_documents
+from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
     read_trajectories,
     read_trajectory_metadata,
 )
+from kvdiverge.theory.risk import first_divergence
 
 __all__ = [
     "AnalysisInputError",
@@ -365,7 +365,7 @@ def document_stats(
     documents outside it.
 
     Errors (one line naming the file): a missing column or wrong type, a broken file contract
-    (:func:`kvdiverge.trajectories.check_trajectories`: values, column consistency, path and
+    (:func:`kvdiverge.io.trajectories.check_trajectories`: values, column consistency, path and
     replicate counts, naming the document, replicate and step), mismatched H across files, a
     document absent from the documents table, an action missing for some documents. The
     control's files are checked first (`docs/method.md`, "The full-retention control"): δ ≠ 0 or

@@ -55,7 +55,7 @@ import polars as pl
 from kvdiverge.analysis.bootstrap import percentile_interval, stratified_bootstrap_weights
 from kvdiverge.analysis.document_stats import AnalysisInputError, Clock, stat_columns
 from kvdiverge.io import atomic_path, atomic_write_text
-from kvdiverge.risk import gap_decomposition
+from kvdiverge.theory.risk import gap_decomposition
 
 __all__ = [
     "ESTIMAND_COLUMNS",

@@ -56,7 +56,7 @@ import numpy as np
 import polars as pl
 from scipy.stats import norm
 
-from kvdiverge.trajectories import (
+from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
     read_trajectories,
     read_trajectory_metadata,
@@ -102,7 +102,7 @@ def development_moments(path: str | os.PathLike, stratum: str) -> pl.DataFrame:
     D_H (``mismatch``) and D_H² (``mismatch_sq``), with its ``stratum``.
 
     The file is checked against its contract first
-    (:func:`kvdiverge.trajectories.read_trajectories`: whole paths, replicate counts), so D_H
+    (:func:`kvdiverge.io.trajectories.read_trajectories`: whole paths, replicate counts), so D_H
     is the mean of I_t over t = 1..H.
     """
     try:

@@ -18,7 +18,7 @@ before the first evaluation rollout of the study starts. It records:
   other fields.
 
 A study whose actions are split into rollout groups (``studies.<study>.groups``,
-:func:`kvdiverge.groups.study_groups`) plans K from the FIRST group's development rollouts
+:func:`kvdiverge.analysis.groups.study_groups`) plans K from the FIRST group's development rollouts
 alone, and its lock covers the first group: ``design.actions`` are that group's actions and
 ``endpoints.family`` the endpoints among them (with one group, the default, that is every
 action). Each later group gets an amendment (``results/{study}/locks/{group}.json``,
@@ -46,14 +46,22 @@ rolled out under its group's; either failure is one line naming the changed fiel
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvdiverge.groups import study_groups
-from kvdiverge.io import atomic_write_text
+from kvdiverge.analysis.groups import study_groups
+from kvdiverge.io.locks import (
+    _RERUN,
+    AMENDMENT_FIELDS,
+    LOCK_FIELDS,
+    PrespecificationError,
+    evaluation_cohorts,
+    lock_hash,
+    read_lock,
+    write_lock,
+)
 
 __all__ = [
     "AMENDMENT_FIELDS",
@@ -70,21 +78,6 @@ __all__ = [
     "read_lock",
     "write_lock",
 ]
-
-LOCK_FIELDS = ("study", "design", "endpoints", "plan")
-"""The hashed fields of a lock, besides ``hash`` itself."""
-
-AMENDMENT_FIELDS = ("study", "group", "study_lock", "design", "endpoints")
-"""The hashed fields of a later group's amendment, besides ``hash`` itself."""
-
-_RERUN = (
-    "rerun the workflow to re-lock and roll out the evaluation cohort again "
-    '(README, "Prespecification")'
-)
-
-
-class PrespecificationError(ValueError):
-    """A lock is unreadable, or no longer matches the config or the trajectories; one line."""
 
 
 def _endpoints(config: Mapping[str, Any], study: str, compared: Sequence[str]) -> Any:
@@ -177,15 +170,6 @@ def prespecified_group(
     return {"study": study, "group": group, "design": design, "endpoints": endpoints}
 
 
-def lock_hash(lock: Mapping[str, Any]) -> str:
-    """SHA-256 (first 16 hex digits) of the canonical JSON of the lock's :data:`LOCK_FIELDS`
-    (an amendment's :data:`AMENDMENT_FIELDS`: a lock with a ``group``)."""
-    fields = AMENDMENT_FIELDS if "group" in lock else LOCK_FIELDS
-    content = {k: lock[k] for k in fields}
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def make_lock(spec: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
     """The lock of a :func:`prespecified` ``spec`` with its ``plan`` (module docstring).
 
@@ -238,47 +222,6 @@ def make_amendment(spec: Mapping[str, Any], study_lock: Mapping[str, Any]) -> di
     }
     lock = json.loads(json.dumps(lock, allow_nan=False))
     return {**lock, "hash": lock_hash(lock)}
-
-
-def write_lock(lock: Mapping[str, Any], path: str | os.PathLike) -> None:
-    """Write a lock (or an amendment) atomically as indented JSON."""
-    atomic_write_text(path, json.dumps(lock, indent=2, sort_keys=True) + "\n")
-
-
-def read_lock(path: str | os.PathLike) -> dict[str, Any]:
-    """A lock (or an amendment: a lock with a ``group``) read back and checked: every field
-    present and the hash that of its content (a lock edited by hand is refused)."""
-    try:
-        lock = json.loads(open(path, encoding="utf-8").read())
-    except (OSError, json.JSONDecodeError) as exc:
-        reason = str(exc).splitlines()[0]
-        raise PrespecificationError(f"{path}: not a readable lock ({reason})") from exc
-    if not isinstance(lock, dict):
-        raise PrespecificationError(f"{path}: not a lock (expected a JSON object)")
-    fields = AMENDMENT_FIELDS if "group" in lock else LOCK_FIELDS
-    missing = [k for k in (*fields, "hash") if k not in lock]
-    if missing:
-        raise PrespecificationError(f"{path}: lock lacks field(s) {', '.join(missing)}")
-    if lock_hash(lock) != lock["hash"]:
-        raise PrespecificationError(
-            f"{path}: the lock's content does not match its hash {lock['hash']} (edited by "
-            f"hand?); {_RERUN}"
-        )
-    design = lock["design"]
-    for key in ("actions", "control", "cohort", "K", "K_control"):
-        if key not in design:
-            raise PrespecificationError(f"{path}: lock lacks design.{key}")
-    return lock
-
-
-def evaluation_cohorts(lock: Mapping[str, Any]) -> dict[str, dict[str, int]]:
-    """Replicates per evaluation cohort of each action of a lock's design: the control
-    K_control, every other action the locked K."""
-    design = lock["design"]
-    return {
-        name: {design["cohort"]: design["K_control"] if name == design["control"] else design["K"]}
-        for name in design["actions"]
-    }
 
 
 def first_difference(a: Any, b: Any, where: str = "") -> tuple[str, Any, Any] | None:

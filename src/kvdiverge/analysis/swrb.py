@@ -30,7 +30,7 @@ from kvdiverge.analysis.bootstrap import (
     resampled_means,
     stratified_bootstrap_weights,
 )
-from kvdiverge.swrb_rollout import survival_weights
+from kvdiverge.theory.survival import survival_weights
 
 __all__ = [
     "SwrbTableError",
@@ -160,12 +160,12 @@ def estimates_from_records(
     seed: int = 0,
     level: float = 0.95,
 ) -> pl.DataFrame:
-    """Estimands of SWRB record files (:mod:`kvdiverge.swrb_records`, read and checked), per
+    """Estimands of SWRB record files (:mod:`kvdiverge.io.swrb_records`, read and checked), per
     action: pooled over all documents (``stratum`` = ``all``) and per stratum, each with its
     bootstrap interval (:func:`swrb_estimates`; one bootstrap seed per action, so actions of one
     run share draws when their documents agree). ``paths``: action → record file;
     ``strata``: doc_id → stratum. Columns action, stratum, estimand, value, lo, hi."""
-    from kvdiverge.swrb_records import read_swrb_records, record_arrays
+    from kvdiverge.io.swrb_records import read_swrb_records, record_arrays
 
     tables = []
     for action, path in paths.items():
@@ -194,7 +194,7 @@ def estimates_from_records(
 def record_document_means(path: str | os.PathLike, windows: Sequence[int] = ()) -> pl.DataFrame:
     """:func:`document_means` of one SWRB record file (read and checked), with ``n_replicates``
     per document."""
-    from kvdiverge.swrb_records import read_swrb_records, record_arrays
+    from kvdiverge.io.swrb_records import read_swrb_records, record_arrays
 
     a = record_arrays(read_swrb_records(path))
     if a["doc_id"].size == 0:

@@ -1,10 +1,10 @@
 """Finite-state trajectory studies with known answers, in the trajectory Parquet schema.
 
 A synthetic study gives each stratum one random finite-state machine with a reference kernel P
-(:func:`kvdiverge.finite_state.random_machine`) and each action an intervention
+(:func:`kvdiverge.theory.finite_state.random_machine`) and each action an intervention
 Q_a = (1 − λ_a) P + λ_a A (the finite-state family's form; λ = 0 is the full-retention control).
 Documents of a stratum are independent replicates of its kernel pair, so every estimand has an
-exact value. Rollouts use :func:`kvdiverge.finite_state.coupled_rollouts` with common random
+exact value. Rollouts use :func:`kvdiverge.theory.finite_state.coupled_rollouts` with common random
 numbers keyed by (seed, stratum/cohort, replicate, t): every action replays the same reference
 path X (`docs/method.md`, "Common random numbers").
 
@@ -14,7 +14,7 @@ statistic of :mod:`kvdiverge.analysis.document_stats`; passing them through
 
 * by exact dynamic programming: D_H, 1{τ ≤ H}, τ·1{τ ≤ H}, exposure, post-divergence mismatches,
   R, F, saturation, P(τ ≤ t), E[δ_t], the branch cohort and E[1{τ ≤ d} δ_{τ+j}], and the prefix
-  features (via :func:`kvdiverge.finite_state.exact_risk` and the law of the state pair);
+  features (via :func:`kvdiverge.theory.finite_state.exact_risk` and the law of the state pair);
 * by a very large Monte Carlo sample (default 400,000 paths): E[D_H²], the EOS segments of
   R − F, the pre-EOS branch sums and counts and the local-agreement indicators, which depend on
   EOS times and run lengths jointly with τ.
@@ -30,16 +30,16 @@ import numpy as np
 import polars as pl
 
 from kvdiverge.analysis.document_stats import Clock, path_statistics, stat_columns
-from kvdiverge.coupling import tv
-from kvdiverge.finite_state import (
+from kvdiverge.io import atomic_path
+from kvdiverge.io.trajectories import write_trajectories
+from kvdiverge.theory.coupling import tv
+from kvdiverge.theory.finite_state import (
     FiniteStateKernelPair,
     _pair_operators,
     coupled_rollouts,
     exact_risk,
     random_machine,
 )
-from kvdiverge.io import atomic_path
-from kvdiverge.trajectories import write_trajectories
 
 __all__ = [
     "MONTE_CARLO_STATISTICS",

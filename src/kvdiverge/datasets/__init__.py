@@ -29,7 +29,7 @@ from kvdiverge.datasets.strata import (
     Stratum,
     plan_documents,
 )
-from kvdiverge.documents import (
+from kvdiverge.io.documents import (
     DOCUMENTS_SCHEMA,
     DocumentsFormatError,
     read_documents,

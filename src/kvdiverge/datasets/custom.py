@@ -18,7 +18,7 @@ Other fields are ignored. ``fit`` says how a prompt meets the stratum's length:
   (:func:`kvdiverge.datasets.fitting.truncate_context`).
 
 The stratum's documents take the records in file order (dev, then study1, then study2). Scored
-by ``metric`` (default ``substring_match``; any name of :data:`kvdiverge.scoring.METRICS`).
+by ``metric`` (default ``substring_match``; any name of :data:`kvdiverge.datasets.scoring.METRICS`).
 Every error is one line naming the file, the line (JSONL) or row (Parquet) and the field.
 """
 
@@ -39,7 +39,7 @@ from kvdiverge.datasets.fitting import (
     truncate_context,
 )
 from kvdiverge.datasets.registry import DatasetEnvironment, document_row, register_environment
-from kvdiverge.scoring import METRICS
+from kvdiverge.datasets.scoring import METRICS
 
 if TYPE_CHECKING:
     from kvdiverge.datasets.strata import DatasetsConfig, DocumentSlot, Stratum

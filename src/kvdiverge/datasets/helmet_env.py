@@ -5,7 +5,7 @@ Prompts come from :mod:`kvdiverge.datasets.helmet` (the file readers and templat
 to the budget as HELMET truncates. A stratum takes ``rag_passages`` and ``cite_documents``,
 defaulting to HELMET's table at its standard lengths. Scored as HELMET scores: substring exact
 match for the KILT datasets, ``str_em`` for ASQA and top-5 recall for QAMPARI
-(:mod:`kvdiverge.scoring`).
+(:mod:`kvdiverge.datasets.scoring`).
 """
 
 from __future__ import annotations

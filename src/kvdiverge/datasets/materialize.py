@@ -1,4 +1,4 @@
-"""Materialize one stratum's documents (the table's contract: :mod:`kvdiverge.documents`).
+"""Materialize one stratum's documents (the table's contract: :mod:`kvdiverge.io.documents`).
 
 The stratum's env (:mod:`kvdiverge.datasets.registry`) builds its documents. Order of work in
 every env: plan (config only) -> load the stratum's sources (a missing file is an error naming
@@ -16,7 +16,7 @@ import polars as pl
 from kvdiverge.datasets.fitting import LengthFn
 from kvdiverge.datasets.registry import environment
 from kvdiverge.datasets.strata import DatasetsConfig, plan_documents
-from kvdiverge.documents import DOCUMENTS_SCHEMA
+from kvdiverge.io.documents import DOCUMENTS_SCHEMA
 
 __all__ = ["materialize_stratum", "stratum_source_paths"]
 

@@ -3,7 +3,7 @@
 An environment is a :class:`DatasetEnvironment` subclass registered with
 :func:`register_environment`, like the eviction selectors (:data:`kvdiverge.eviction.SELECTORS`):
 it checks its own stratum entries, names its tasks and the files a stratum reads, builds a
-stratum's documents and says which task metric scores them (:mod:`kvdiverge.scoring`). The
+stratum's documents and says which task metric scores them (:mod:`kvdiverge.datasets.scoring`). The
 built-in ones are ``ruler`` (:mod:`kvdiverge.datasets.ruler_env`), ``helmet``
 (:mod:`kvdiverge.datasets.helmet_env`) and ``custom`` (:mod:`kvdiverge.datasets.custom`); a new
 source is one such module plus its fixture, imported by the package's ``__init__``.
@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvdiverge.datasets.fitting import DatasetError, LengthFn
+from kvdiverge.datasets.strata import ENVIRONMENTS, environment
 
-if TYPE_CHECKING:  # types only: strata imports this module
+if TYPE_CHECKING:
     from kvdiverge.datasets.strata import DatasetsConfig, DocumentSlot, Stratum
 
 __all__ = [
@@ -75,13 +76,9 @@ class DatasetEnvironment:
         raise NotImplementedError
 
     def metric(self, stratum: Stratum, task: str) -> str:
-        """Name of the :data:`kvdiverge.scoring.METRICS` entry that scores a document of
+        """Name of the :data:`kvdiverge.datasets.scoring.METRICS` entry that scores a document of
         ``task`` (the ``task`` column of the documents table)."""
         raise NotImplementedError
-
-
-ENVIRONMENTS: dict[str, DatasetEnvironment] = {}
-"""Registered environments by name."""
 
 
 def register_environment(cls: type[DatasetEnvironment]) -> type[DatasetEnvironment]:
@@ -90,16 +87,6 @@ def register_environment(cls: type[DatasetEnvironment]) -> type[DatasetEnvironme
         raise TypeError(f"{cls.__name__}: a dataset environment needs a name")
     ENVIRONMENTS[cls.name] = cls()
     return cls
-
-
-def environment(name: str, where: str = "env") -> DatasetEnvironment:
-    """The registered environment ``name``; one-line :class:`DatasetError` naming the known ones."""
-    try:
-        return ENVIRONMENTS[name]
-    except KeyError:
-        raise DatasetError(
-            f"{where}: expected one of {', '.join(sorted(ENVIRONMENTS))}, got {name!r}"
-        ) from None
 
 
 def document_row(

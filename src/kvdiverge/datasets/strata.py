@@ -24,7 +24,6 @@ from typing import Any
 
 from kvdiverge.datasets.fitting import DatasetError, derive_seed
 from kvdiverge.datasets.helmet import HELMET_DATASETS
-from kvdiverge.datasets.registry import environment
 from kvdiverge.datasets.ruler import RULER_TASKS
 
 __all__ = [
@@ -34,6 +33,21 @@ __all__ = [
     "Stratum",
     "plan_documents",
 ]
+
+ENVIRONMENTS: dict[str, Any] = {}
+"""Registered environments by name: :class:`kvdiverge.datasets.registry.DatasetEnvironment`
+instances, added by :func:`kvdiverge.datasets.registry.register_environment`."""
+
+
+def environment(name: str, where: str = "env") -> Any:
+    """The registered environment ``name``; one-line :class:`DatasetError` naming the known ones."""
+    try:
+        return ENVIRONMENTS[name]
+    except KeyError:
+        raise DatasetError(
+            f"{where}: expected one of {', '.join(sorted(ENVIRONMENTS))}, got {name!r}"
+        ) from None
+
 
 COHORTS: tuple[str, ...] = ("dev", "study1", "study2")
 

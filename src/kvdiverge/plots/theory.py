@@ -3,8 +3,8 @@
 The reference always emits 0; two interventions emit 1 at the first position with probability
 ε and then continue with 0s (``revert``) or repeat their first token (``persist``). Both have
 the same first-divergence law and the same sequence TV ε, but R_SMC = ε/H versus ε. Every
-number drawn comes from :func:`kvdiverge.risk.introductory_example` and the exact path law of
-its kernel pairs (:func:`kvdiverge.risk.exact_path_law`).
+number drawn comes from :func:`kvdiverge.theory.risk.introductory_example` and the exact path law of
+its kernel pairs (:func:`kvdiverge.theory.risk.exact_path_law`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from kvdiverge.plots.base import (  # noqa: E402
     save_figure,
     series_styles,
 )
-from kvdiverge.risk import exact_path_law, introductory_example  # noqa: E402
+from kvdiverge.theory.risk import exact_path_law, introductory_example  # noqa: E402
 
 __all__ = ["introductory_curves", "plot_introductory_example", "write_introductory_figure"]
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kvdiverge.coupling import maximal_coupling_joint, tv
+from kvdiverge.theory.coupling import maximal_coupling_joint, tv
 
 __all__ = [
     "Kernel",

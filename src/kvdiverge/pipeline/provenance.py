@@ -349,7 +349,7 @@ def module_fingerprint(*modules: str) -> str:
     found without importing them; a package name covers every ``.py`` file below it.
 
     Editing a docstring or a comment leaves it unchanged; editing code changes it. The demo
-    models' training fingerprint is built on it (:mod:`kvdiverge.training`).
+    models' training fingerprint is built on it (:mod:`kvdiverge.models.training`).
     """
     digest = hashlib.sha256()
     for name in sorted(modules):

@@ -1,15 +1,16 @@
 """Survival-weighted residual branching for language-model rollouts.
 
 `docs/method.md`, "Survival-weighted residual branching": the finite-state estimator
-(:func:`kvdiverge.finite_state.swrb_replicates`) needs no finite state space, only P and Q on one
+(:func:`kvdiverge.theory.finite_state.swrb_replicates`) needs no finite state space, only P and Q
+on one
 shared history, the two residual laws at one step and the ordinary coupled rollout. Per
 document, action a and replicate r this module runs, with the engine's batching
-(:mod:`kvdiverge.attention`: every prompt cache is held once and shared by its rows):
+(:mod:`kvdiverge.engine.attention`: every prompt cache is held once and shared by its rows):
 
 1. The overlap scan. Two rows per (action, replicate): the P row on the full prompt cache and
    the Q row on the action's evicted cache, both fed the same trunk U. At step s,
    p_s = P(·|U_<s), q_s = Q^a(·|U_<s) (EOS ids merged into one outcome,
-   :func:`kvdiverge.coupling.merge_eos`), e_s = TV(p_s, q_s), and U_s ~ c_s/(1 − e_s) with
+   :func:`kvdiverge.theory.coupling.merge_eos`), e_s = TV(p_s, q_s), and U_s ~ c_s/(1 − e_s) with
    c_s = min(p_s, q_s), by inverse CDF at the ``SWRB_SCAN`` stream. The residual candidates
    X°_s ~ (p_s − c_s)/e_s (``REFERENCE``) and Y°_s ~ (q_s − c_s)/e_s (``RESIDUAL``) are drawn
    at every scanned step from their own uniforms, so no law needs to be kept. A replicate's scan
@@ -39,14 +40,23 @@ naive coupled rollout of the same action alone pays its X and Y rows until their
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from kvdiverge.attention import ATTENTION_NAME, RowCache, SharedPrefix, attention_implementation
-from kvdiverge.coupling import (
+from kvdiverge.engine.attention import (
+    ATTENTION_NAME,
+    RowCache,
+    SharedPrefix,
+    attention_implementation,
+)
+from kvdiverge.engine.document import gather_prefix, mean_kept
+from kvdiverge.engine.rows import decode_step
+from kvdiverge.engine.settings import model_device
+from kvdiverge.eviction import ActionSpec, Prefill, parse_action, run_prefill, select_positions
+from kvdiverge.io.swrb_records import SwrbRollout
+from kvdiverge.theory.coupling import (
     Stream,
     canonical_eos,
     crn_uniforms,
@@ -56,64 +66,12 @@ from kvdiverge.coupling import (
     merge_eos,
     tv,
 )
-from kvdiverge.decode import decode_step, gather_prefix, mean_kept, model_device
-from kvdiverge.eviction import ActionSpec, Prefill, parse_action, run_prefill, select_positions
+from kvdiverge.theory.survival import survival_weights
 
-__all__ = ["SWRB_SALT", "SwrbRollout", "survival_weights", "swrb_rollout_document"]
+__all__ = ["SWRB_SALT", "swrb_rollout_document"]
 
 SWRB_SALT = 1
 """Salt of every SWRB uniform (the naive engine's are unsalted under ``shared-reference``)."""
-
-
-@dataclass
-class SwrbRollout:
-    """One document's SWRB replicates under one action; arrays (k,) or (k, H).
-
-    ``e`` (k, H): e_s on the trunk (0 after the scan stopped); ``trunk`` (k, H): U_s, −1 where
-    not drawn (after the scan stopped, or at a step with e_s = 1); ``weight`` M and ``entry`` J
-    (H + 1 when M = 0); ``x_token``/``y_token`` (k, H): U_<J, then the residual pair at J and
-    the continuation (when M = 0: the trunk, EOS after its EOS); ``scan_steps``: steps the scan
-    evaluated; ``cost_scan`` and ``cost_continuation``: model row-steps (module docstring).
-    """
-
-    doc_id: str
-    action: str
-    replicates: np.ndarray
-    e: np.ndarray
-    trunk: np.ndarray
-    weight: np.ndarray
-    entry: np.ndarray
-    x_token: np.ndarray
-    y_token: np.ndarray
-    scan_steps: np.ndarray
-    cost_scan: np.ndarray
-    cost_continuation: np.ndarray
-    n_prompt: int
-    n_kept: int
-
-    @property
-    def H(self) -> int:
-        """The horizon."""
-        return int(self.e.shape[1])
-
-    @property
-    def mismatch(self) -> np.ndarray:
-        """I_t = 1{X_t ≠ Y_t} of the branch trajectory (k, H)."""
-        return self.x_token != self.y_token
-
-    @property
-    def cost(self) -> np.ndarray:
-        """Model row-steps per replicate: scan plus continuation."""
-        return self.cost_scan + self.cost_continuation
-
-
-def survival_weights(e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """w_s = e_s Π_{r<s}(1 − e_r) along the last axis, and M = Σ_s w_s (clipped to [0, 1])."""
-    e = np.asarray(e, dtype=np.float64)
-    ones = np.ones(e.shape[:-1] + (1,))
-    survival = np.cumprod(np.concatenate([ones, 1.0 - e[..., :-1]], axis=-1), axis=-1)
-    w = e * survival
-    return w, np.clip(w.sum(-1), 0.0, 1.0)
 
 
 def _stream(seed: int, doc: int, reps: np.ndarray, steps: Any, stream: Stream) -> np.ndarray:

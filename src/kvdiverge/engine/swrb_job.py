@@ -1,13 +1,14 @@
 """An SWRB rollout job: a stratum's documents under a study's actions → one SWRB record file per
 action (`docs/method.md`, "Survival-weighted residual branching").
 
-The counterpart of :func:`kvdiverge.rollout_job.run_stratum_rollout_job` for
+The counterpart of :func:`kvdiverge.engine.rollout_job.run_stratum_rollout_job` for
 ``coupling: swrb``, with the same checks before any work and the same resumable scratch area
-(:func:`kvdiverge.rollout_job.load_checked_job`,
-:meth:`~kvdiverge.rollout_job.CheckedJob.open_scratch`): the documents are chosen the same way
+(:func:`kvdiverge.engine.rollout_job.load_checked_job`,
+:meth:`~kvdiverge.engine.rollout_job.CheckedJob.open_scratch`): the documents are chosen the same
+way
 (cohort → K per action), each prompt is chat-wrapped and prefilled once for all its actions,
 and the actions with the same K run as one batch
-(:func:`kvdiverge.swrb_rollout.swrb_rollout_document`).
+(:func:`kvdiverge.engine.swrb_rollout.swrb_rollout_document`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ from typing import Any
 import polars as pl
 import torch
 
+from kvdiverge.engine.rollout_job import job_actions, load_checked_job
+from kvdiverge.engine.swrb_rollout import swrb_rollout_document
 from kvdiverge.eviction import ActionSpec, parse_action, run_prefill
-from kvdiverge.rollout_job import job_actions, load_checked_job
-from kvdiverge.swrb_records import SWRB_METADATA_KEYS, swrb_frame, write_swrb_records
-from kvdiverge.swrb_rollout import SwrbRollout, swrb_rollout_document
+from kvdiverge.io.swrb_records import (
+    SWRB_METADATA_KEYS,
+    SwrbRollout,
+    swrb_frame,
+    write_swrb_records,
+)
 
 __all__ = ["run_swrb_job", "swrb_documents_actions"]
 
@@ -47,7 +53,7 @@ def swrb_documents_actions(
     mapping does not run it. One prefill per document serves all its actions. The actions with
     the same K scan together, two rows per (action, replicate); ``max_batch_rows`` (None: no
     limit) caps those rows per model call by running the replicates in chunks, which changes
-    no record (every uniform is keyed by replicate, :mod:`kvdiverge.swrb_rollout`).
+    no record (every uniform is keyed by replicate, :mod:`kvdiverge.engine.swrb_rollout`).
     """
     if max_batch_rows is not None and max_batch_rows < 2:
         raise ValueError(f"max_batch_rows: expected at least 2, got {max_batch_rows}")
@@ -106,7 +112,8 @@ def run_swrb_job(
     scan call (:func:`swrb_documents_actions`).
 
     Before any work, the model and every document are checked as in a trajectory rollout job
-    (:func:`kvdiverge.rollout_job.load_checked_job`: one line naming the config field, the file,
+    (:func:`kvdiverge.engine.rollout_job.load_checked_job`: one line naming the config field, the
+    file,
     or the doc_id and stratum). Each finished document is kept in the job's scratch area, so a
     job killed part-way resumes from its finished documents (``resume_key``: e.g. the code
     fingerprint, part of the scratch key) and writes the same files as an uninterrupted run.

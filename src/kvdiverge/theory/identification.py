@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from kvdiverge.risk import KernelPair
+from kvdiverge.theory.risk import KernelPair
 
 __all__ = [
     "attaining_kernel_pair",

@@ -1,4 +1,5 @@
-"""Rule build_demo_model's job (kept apart from :mod:`kvdiverge.training`, whose source is part
+"""Rule build_demo_model's job (kept apart from :mod:`kvdiverge.models.training`, whose source is
+part
 of the committed weights' training fingerprint: editing this wrapper must not make them stale)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvdiverge.training import TrainSettings, train_demo_model
+from kvdiverge.models.training import TrainSettings, train_demo_model
 
 __all__ = ["train_demo_model_job"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvdiverge.coupling import (
+from kvdiverge.theory.coupling import (
     Stream,
     crn_uniforms,
     inverse_cdf,
@@ -24,7 +24,8 @@ from kvdiverge.coupling import (
     maximal_coupling_step,
     tv,
 )
-from kvdiverge.identification import observed_contribution, unobserved_capacity
+from kvdiverge.theory.identification import observed_contribution, unobserved_capacity
+from kvdiverge.theory.survival import survival_weights
 
 __all__ = [
     "BranchReplicates",
@@ -148,7 +149,8 @@ def coupled_rollouts(
 ) -> dict[str, np.ndarray]:
     """Stepwise maximal coupling Γ(P, Q) run for H steps on ``n_paths`` paths.
 
-    Each step uses the accept sampler of ``kvdiverge.coupling.maximal_coupling_step`` with common
+    Each step uses the accept sampler of ``kvdiverge.theory.coupling.maximal_coupling_step`` with
+    common
     random numbers keyed by (seed, document, replicate = path, step = t, stream) for the
     ``REFERENCE``, ``ACCEPT`` and ``RESIDUAL`` streams (``salt`` separates further families).
     Vectorized over paths; loops over t only. Returns (n_paths, H) arrays: ``x``, ``y`` tokens,
@@ -464,9 +466,7 @@ def swrb_replicates(
         token = inverse_cdf(overlap, u)
         scanning &= e_t < 1.0
         state = np.where(scanning, T[state, token], state)
-    survival_before = np.cumprod(np.hstack([np.ones((n_reps, 1)), 1.0 - e[:, :-1]]), axis=1)
-    w = e * survival_before
-    M = np.clip(w.sum(1), 0.0, 1.0)
+    w, M = survival_weights(e)
     has_branch = M > 0
     u_entry = crn_uniforms(seed, document, reps, 0, Stream.SWRB_ENTRY, salt)
     entry = np.where(has_branch, inverse_cdf(w, u_entry) + 1, H + 1)

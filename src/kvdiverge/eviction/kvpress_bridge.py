@@ -40,15 +40,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kvdiverge.eviction import (
-    ActionError,
-    ActionSpec,
-    LayerInputs,
-    Prefill,
-    ScoredSelector,
-    _check_budget_field,
-    register_selector,
-)
+from kvdiverge.eviction.budgets import ActionError
+from kvdiverge.eviction.selectors import ScoredSelector, _check_budget_field, register_selector
+
+if TYPE_CHECKING:
+    from kvdiverge.eviction.prefill import LayerInputs, Prefill
+    from kvdiverge.eviction.selectors import ActionSpec
 
 if TYPE_CHECKING:  # torch is imported where it runs: parsing a config does not load it
     import torch

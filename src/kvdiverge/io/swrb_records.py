@@ -1,7 +1,7 @@
 """SWRB record files: the Parquet contract of survival-weighted residual branching replicates.
 
 One row per (document, replicate) of one action (`docs/method.md`, "Survival-weighted residual
-branching"; produced by :func:`kvdiverge.swrb_rollout.swrb_rollout_document`): the trunk's
+branching"; produced by :func:`kvdiverge.engine.swrb_rollout.swrb_rollout_document`): the trunk's
 per-step e_s and tokens U_s, the entry time J, the weight M, the branch trajectory's tokens
 (x_token, y_token: U_<J, the residual pair at J, the continuation) and the cost in model
 row-steps. File-level metadata (Parquet key-value, JSON) records the model, action, H, K, seed,
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,9 +27,10 @@ import polars as pl
 import pyarrow as pa
 
 from kvdiverge.io import read_parquet_metadata, write_parquet_with_metadata
-from kvdiverge.swrb_rollout import SwrbRollout, survival_weights
+from kvdiverge.theory.survival import survival_weights
 
 __all__ = [
+    "SwrbRollout",
     "E_TOLERANCE",
     "SWRB_METADATA_KEYS",
     "SWRB_SCHEMA",
@@ -75,6 +77,48 @@ E_TOLERANCE = 1e-9
 
 class SwrbFormatError(ValueError):
     """An SWRB record file does not follow its contract (module docstring); one line."""
+
+
+@dataclass
+class SwrbRollout:
+    """One document's SWRB replicates under one action; arrays (k,) or (k, H).
+
+    ``e`` (k, H): e_s on the trunk (0 after the scan stopped); ``trunk`` (k, H): U_s, −1 where
+    not drawn (after the scan stopped, or at a step with e_s = 1); ``weight`` M and ``entry`` J
+    (H + 1 when M = 0); ``x_token``/``y_token`` (k, H): U_<J, then the residual pair at J and
+    the continuation (when M = 0: the trunk, EOS after its EOS); ``scan_steps``: steps the scan
+    evaluated; ``cost_scan`` and ``cost_continuation``: model row-steps (module docstring).
+    """
+
+    doc_id: str
+    action: str
+    replicates: np.ndarray
+    e: np.ndarray
+    trunk: np.ndarray
+    weight: np.ndarray
+    entry: np.ndarray
+    x_token: np.ndarray
+    y_token: np.ndarray
+    scan_steps: np.ndarray
+    cost_scan: np.ndarray
+    cost_continuation: np.ndarray
+    n_prompt: int
+    n_kept: int
+
+    @property
+    def H(self) -> int:
+        """The horizon."""
+        return int(self.e.shape[1])
+
+    @property
+    def mismatch(self) -> np.ndarray:
+        """I_t = 1{X_t ≠ Y_t} of the branch trajectory (k, H)."""
+        return self.x_token != self.y_token
+
+    @property
+    def cost(self) -> np.ndarray:
+        """Model row-steps per replicate: scan plus continuation."""
+        return self.cost_scan + self.cost_continuation
 
 
 def swrb_frame(rollouts: Sequence[SwrbRollout]) -> pl.DataFrame:

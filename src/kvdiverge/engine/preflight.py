@@ -307,8 +307,7 @@ def check_documents(
     below 1, n + H beyond the context window, a budget that keeps nothing of n, a prompt or
     budget too small for what the selector always keeps.
     """
-    from kvdiverge.config import check_action, keeps_everything
-    from kvdiverge.eviction import ActionError
+    from kvdiverge.eviction import ActionError, check_action, keeps_everything
 
     needed = [*DOCUMENT_COLUMNS, *([] if length_fn else ["n_tokens"])]
     missing = [c for c in needed if c not in frame.columns]

@@ -2,9 +2,9 @@
 
 One job of rule ``rollout_<study>`` (``docs/architecture.md``, "Rollout jobs"): read the
 documents of the job's cohorts, load the model once, run every document through
-:func:`kvdiverge.decode.rollout_documents` (one prefill per document for all actions; each
+:func:`kvdiverge.engine.batches.rollout_documents` (one prefill per document for all actions; each
 model call holds the rows of several documents), convert the results to the trajectory table
-(:data:`kvdiverge.trajectories.TRAJECTORY_SCHEMA`, one row per document, replicate and step) and
+(:data:`kvdiverge.io.trajectories.TRAJECTORY_SCHEMA`, one row per document, replicate and step) and
 write one file per action with its metadata.
 """
 
@@ -20,11 +20,12 @@ import numpy as np
 import polars as pl
 import torch
 
-from kvdiverge.decode import DocumentRollout, RolloutSettings, rollout_documents
-from kvdiverge.documents import read_documents
+from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.engine.settings import DocumentRollout, RolloutSettings
 from kvdiverge.eviction import ActionSpec, parse_action
 from kvdiverge.io import JobScratch, sha256_file
-from kvdiverge.trajectories import METADATA_KEYS, TRAJECTORY_SCHEMA
+from kvdiverge.io.documents import read_documents
+from kvdiverge.io.trajectories import METADATA_KEYS, TRAJECTORY_SCHEMA
 
 __all__ = [
     "TIMING_KEYS",
@@ -94,7 +95,8 @@ def document_rollouts(
     skip: Any = None,
 ) -> Iterator[tuple[str, dict[str, DocumentRollout]]]:
     """``(doc_id, {action name: DocumentRollout})`` per document, in order, as its batches
-    finish: :func:`kvdiverge.decode.rollout_documents` over the chat-wrapped prompts, so each
+    finish: :func:`kvdiverge.engine.batches.rollout_documents` over the chat-wrapped prompts, so
+    each
     model call holds the rows of as many documents as ``settings.max_batch_rows`` allows.
 
     ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
@@ -131,9 +133,9 @@ def rollout_documents_actions(
     ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
     mapping does not run it. Each prompt is wrapped by the tokenizer's chat template
     and prefilled once for all its actions, and each model call holds the rows of several
-    documents (:func:`document_rollouts`, :func:`kvdiverge.decode.rollout_documents`): every
+    documents (:func:`document_rollouts`, :func:`kvdiverge.engine.batches.rollout_documents`): every
     document's values equal its one-document run
-    (:func:`kvdiverge.decode.rollout_document_actions`) to
+    (:func:`kvdiverge.engine.document.rollout_document_actions`) to
     floating-point rounding. Each action's table lists its documents in the order given.
     ``progress``: optional tqdm-like object updated once per document. ``timing``: optional
     dict filled with, per action name, the sums over its documents of ``documents``,
@@ -164,7 +166,7 @@ def select_documents(
 
     ``cohorts`` maps a cohort name to its replicate count (e.g. ``{dev: K_dev, study1: K}``).
     Sorted by cohort order, then doc_id. The table is read by
-    :func:`kvdiverge.documents.read_documents` (one-line errors naming the file).
+    :func:`kvdiverge.io.documents.read_documents` (one-line errors naming the file).
     """
     frame = read_documents(path, columns=DOCUMENT_COLUMNS)
     out = []
@@ -281,17 +283,17 @@ def load_checked_job(
     (trajectories or SWRB records) does before its first rollout.
 
     Before loading the weights: the model (a local folder: config, weights, chat template and
-    context window, :func:`kvdiverge.preflight.check_model_source`) and every document of the
+    context window, :func:`kvdiverge.engine.preflight.check_model_source`) and every document of the
     job's cohorts against every action and the model's window
-    (:func:`kvdiverge.preflight.check_documents`, lengths from the job model's own tokenizer
+    (:func:`kvdiverge.engine.preflight.check_documents`, lengths from the job model's own tokenizer
     and chat template); after loading a model that is not a local folder, its template and
-    window (:func:`kvdiverge.preflight.check_loaded_model`). Each failure is one line naming
+    window (:func:`kvdiverge.engine.preflight.check_loaded_model`). Each failure is one line naming
     the config field (``config.models.<name>.path``), the file, or the doc_id and stratum.
     ``model``: ``path`` and optionally ``name``, ``dtype``, ``revision``,
     ``trust_remote_code``; ``specs`` by action name; ``cohorts``: action → cohort → K.
     """
+    from kvdiverge.engine.preflight import check_documents, check_loaded_model, check_model_source
     from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
-    from kvdiverge.preflight import check_documents, check_loaded_model, check_model_source
 
     where = f"config.models.{model.get('name') or model['path']}.path"
     info = check_model_source(model, where)
@@ -361,9 +363,9 @@ def run_stratum_rollout_job(
     one trajectory file per action.
 
     Before any work: the action names, the model (a local folder: config, weights, chat
-    template and context window, :func:`kvdiverge.preflight.check_model_source`) and every
+    template and context window, :func:`kvdiverge.engine.preflight.check_model_source`) and every
     document of the job against every action and the model's window
-    (:func:`kvdiverge.preflight.check_documents`, with the job model's own tokenizer); each
+    (:func:`kvdiverge.engine.preflight.check_documents`, with the job model's own tokenizer); each
     failure is one line naming the config field, the file, or the doc_id and stratum. The
     model then loads once and each document is prefilled once for all actions
     (:func:`rollout_documents_actions`); every file equals the one a job of that action alone
@@ -384,7 +386,7 @@ def run_stratum_rollout_job(
     """
     from tqdm import tqdm
 
-    from kvdiverge.trajectories import write_trajectories
+    from kvdiverge.io.trajectories import write_trajectories
 
     specs = job_actions(actions, out_paths, cohorts)
     extra = dict(metadata or {})

@@ -198,7 +198,7 @@ def load_model(
 def eos_token_ids(model: Any, tokenizer: Any | None = None) -> list[int]:
     """End-of-sequence token ids: the generation config's ``eos_token_id`` (int or list), else
     the tokenizer's EOS. The engine treats all of them as one outcome of the next-token law
-    (:func:`kvdiverge.coupling.merge_eos`), so their order does not matter."""
+    (:func:`kvdiverge.theory.coupling.merge_eos`), so their order does not matter."""
     ids: list[int] = []
     gen = getattr(model, "generation_config", None)
     raw = getattr(gen, "eos_token_id", None) if gen is not None else None

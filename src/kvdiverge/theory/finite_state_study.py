@@ -1,7 +1,8 @@
 """The paper's finite-state study: its family of kernel pairs, the per-system table, the summary.
 
 The machinery (kernel pairs, exact dynamic programming, the naive and SWRB estimators) lives in
-:mod:`kvdiverge.finite_state`; this module turns the validated ``finite_state`` section of the
+:mod:`kvdiverge.theory.finite_state`; this module turns the validated ``finite_state`` section of
+the
 configuration into the family of systems and runs the study over it (`docs/method.md`,
 "Survival-weighted residual branching"; the tables' columns in `docs/architecture.md`, "File
 contracts").
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from kvdiverge.finite_state import (
+from kvdiverge.theory.finite_state import (
     FiniteStateKernelPair,
     exact_risk,
     identified_interval_estimate,

@@ -1,0 +1,59 @@
+"""The coupled rollout engine (``docs/architecture.md``, "The engine").
+
+* :mod:`kvdiverge.engine.attention`: shared-prefix attention — many decoding rows attend to
+  prompt caches held once per row group, merged exactly with each row's own generated entries;
+* :mod:`kvdiverge.engine.settings`: :class:`RolloutSettings` and :class:`DocumentRollout`;
+* :mod:`kvdiverge.engine.rows`: the coupled decode loop's row machinery — one model call per
+  step for every row of a batch, the stepwise maximal coupling on common random numbers;
+* :mod:`kvdiverge.engine.document`: one document's rollouts under several actions;
+* :mod:`kvdiverge.engine.batches`: many documents' rollouts with the rows of several documents
+  in each model call (:func:`rollout_documents`, batches packed by :func:`plan_batches`);
+* :mod:`kvdiverge.engine.swrb_rollout`: SWRB replicates of one document;
+* :mod:`kvdiverge.engine.preflight`: the checks a rollout job runs before any model work;
+* :mod:`kvdiverge.engine.rollout_job` and :mod:`kvdiverge.engine.swrb_job`: the rollout jobs —
+  a stratum's documents → trajectory or SWRB record files.
+
+This module gathers their public names, so that ``from kvdiverge.engine import …`` reads as
+one API.
+"""
+
+from kvdiverge.engine.attention import (
+    ATTENTION_NAME,
+    RowCache,
+    SharedPrefix,
+    shared_prefix_attention,
+)
+from kvdiverge.engine.batches import plan_batches, rollout_documents
+from kvdiverge.engine.document import reference_groups, rollout_document, rollout_document_actions
+from kvdiverge.engine.rollout_job import (
+    TIMING_KEYS,
+    document_rollouts,
+    rollout_documents_actions,
+    run_stratum_rollout_job,
+    select_documents,
+    select_job_documents,
+    trajectory_frame,
+)
+from kvdiverge.engine.settings import COUPLING_MODES, DocumentRollout, RolloutSettings
+
+__all__ = [
+    "ATTENTION_NAME",
+    "COUPLING_MODES",
+    "DocumentRollout",
+    "RolloutSettings",
+    "RowCache",
+    "SharedPrefix",
+    "TIMING_KEYS",
+    "document_rollouts",
+    "plan_batches",
+    "reference_groups",
+    "rollout_document",
+    "rollout_document_actions",
+    "rollout_documents",
+    "rollout_documents_actions",
+    "run_stratum_rollout_job",
+    "select_documents",
+    "select_job_documents",
+    "shared_prefix_attention",
+    "trajectory_frame",
+]

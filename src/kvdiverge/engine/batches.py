@@ -1,0 +1,217 @@
+"""Several documents per model call: each call holds the rows of several documents, each with
+its own prompt groups, positions and common random numbers (``docs/architecture.md``,
+"Coupled decoding")."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvdiverge.engine.document import _check_actions, _Document
+from kvdiverge.engine.rows import _rollout_units, _running_row_steps, _Unit
+from kvdiverge.engine.settings import (
+    DocumentRollout,
+    RolloutSettings,
+    _clock,
+    _is_oom,
+    model_device,
+)
+from kvdiverge.eviction import (
+    ActionSpec,
+)
+
+__all__ = [
+    "plan_batches",
+    "rollout_documents",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A planned part of a batch: document ``doc``'s reference group ``group``, replicates
+    ``replicates`` (all of the group's, or a chunk), at most ``rows`` batch rows."""
+
+    doc: int
+    group: int
+    replicates: np.ndarray
+    rows: int
+
+
+def plan_batches(
+    rows_per_replicate: Sequence[Sequence[int]],
+    replicates: Sequence[Sequence[Sequence[int]]],
+    max_rows: int,
+) -> list[list[_Piece]]:
+    """Pack the documents' reference groups, in order, into batches of at most ``max_rows``
+    rows.
+
+    ``rows_per_replicate[d][g]`` and ``replicates[d][g]``: document d's group g. A group that
+    alone exceeds ``max_rows`` is cut into chunks of ``max_rows // rows_per_replicate``
+    replicates (at least one); pieces are added to the current batch while its rows fit,
+    else a new batch starts. The plan depends only on these arguments, so a rerun (or a resumed
+    job) runs the same batches.
+    """
+    batches: list[list[_Piece]] = [[]]
+    used = 0
+    for d, (per_group, reps_group) in enumerate(zip(rows_per_replicate, replicates, strict=True)):
+        for g, (per, reps) in enumerate(zip(per_group, reps_group, strict=True)):
+            reps = np.asarray(reps, dtype=np.int64)
+            chunk = max(1, max_rows // per)
+            for i in range(0, len(reps), chunk):
+                part = reps[i : i + chunk]
+                rows = per * len(part)
+                if batches[-1] and used + rows > max_rows:
+                    batches.append([])
+                    used = 0
+                batches[-1].append(_Piece(d, g, part, rows))
+                used += rows
+    return [batch for batch in batches if batch]
+
+
+def _unit_row_steps(arrays: Sequence[Mapping[str, np.ndarray]], unit: _Unit) -> int:
+    """Running row-steps of a unit: its X rows' once, each evicting intervention's own."""
+    own = [
+        _running_row_steps(a)[1]
+        for a, act in zip(arrays, unit.interventions, strict=True)
+        if act.prefix is not None
+    ]
+    return _running_row_steps(arrays[0])[0] + sum(own)
+
+
+def _halves(pieces: list[_Piece]) -> list[list[_Piece]]:
+    """A batch cut in two: its pieces in halves, or one piece's replicates in halves."""
+    if len(pieces) > 1:
+        half = len(pieces) // 2
+        return [pieces[:half], pieces[half:]]
+    (p,) = pieces
+    half = len(p.replicates) // 2
+    per = p.rows // len(p.replicates)
+    return [
+        [_Piece(p.doc, p.group, reps, per * len(reps))]
+        for reps in (p.replicates[:half], p.replicates[half:])
+    ]
+
+
+def rollout_documents(
+    model: torch.nn.Module,
+    documents: Sequence[tuple[Any, ...]],
+    actions: Sequence[ActionSpec | Mapping[str, Any]],
+    eos_ids: Sequence[int],
+    settings: RolloutSettings,
+    skip: Any = None,
+) -> Iterator[tuple[str, dict[str, DocumentRollout]]]:
+    """Coupled rollouts of many documents, the rows of several documents in each model call.
+
+    ``documents``: ``(doc_id, input_ids, replicates)``; ``replicates`` as in
+    :func:`rollout_document_actions`, or a mapping that names only the actions the document
+    runs; a fourth element, the document's :class:`kvdiverge.eviction.Prefill` for these
+    actions, saves its prefill (benchmarks). Every argument is checked before any model call.
+    The documents' reference groups are packed in order into batches of at most
+    ``settings.max_batch_rows`` rows (:func:`plan_batches`; every member of a group counted as
+    evicting); each batch decodes as one model call per step, each document with its own
+    prompt groups, positions and common random numbers (:func:`_rollout_units`). A document
+    is prefilled (once, for all its actions) when its first batch runs and released after its
+    last. Yields ``(doc_id, {action name: DocumentRollout})`` in document order as each
+    document's batches finish.
+
+    A document's results equal its :func:`rollout_document_actions` run to floating-point
+    rounding (the matrix products' batch differs; the tokens differ only where a uniform falls
+    within rounding of a CDF boundary), and a rerun is bit-identical. ``skip(doc_id)`` true:
+    the document is not yielded, and a batch all of whose documents are skipped does not run
+    (a resumed job); a batch that holds other documents runs whole, so that every document's
+    bits equal an uninterrupted run's. On out-of-memory a batch is cut in halves (pieces, or a
+    piece's replicates) and the budget of later batches drops to the size that fitted.
+
+    Seconds (as in :func:`rollout_document_actions`): a batch's decode seconds are shared by
+    its units in proportion to their running row-steps; ``document_seconds`` of each result is
+    the document's prefill, selections and share of the decode.
+    """
+    specs = _check_actions(actions, eos_ids)
+    docs = [
+        _Document.plan(doc_id, ids, specs, reps, settings.coupling, subset=True)
+        for doc_id, ids, reps, *_ in documents
+    ]
+    given = {doc[0]: doc[3] for doc in documents if len(doc) > 3}  # prefills passed in
+    seen = [d.doc_id for d in docs]
+    if len(set(seen)) != len(seen):
+        raise ValueError("documents: doc_id values are not unique")
+    skip = skip or (lambda doc_id: False)
+    plan = plan_batches(
+        [[d.rows_per_replicate(g) for g in range(len(d.groups))] for d in docs],
+        [[reps for _, reps, _ in d.groups] for d in docs],
+        settings.max_batch_rows,
+    )
+    last_batch = {piece.doc: b for b, batch in enumerate(plan) for piece in batch}
+    parts = [[[] for _ in doc.groups] for doc in docs]  # per document and group: chunk arrays
+    seconds = [[0.0] * len(doc.groups) for doc in docs]
+    budget = [settings.max_batch_rows]  # lowered after an out-of-memory split
+    next_doc = 0  # documents are yielded in order, once their last batch has run
+    for b, batch in enumerate(plan):
+        indices = sorted({piece.doc for piece in batch})
+        if not all(skip(docs[d].doc_id) for d in indices):
+            for d in indices:
+                if docs[d].prefill is None:
+                    docs[d].prepare(model, settings, given.get(docs[d].doc_id))
+            for pieces, arrays, share in _run_batch(model, docs, batch, eos_ids, settings, budget):
+                for piece, piece_arrays, piece_seconds in zip(pieces, arrays, share, strict=True):
+                    parts[piece.doc][piece.group].append(piece_arrays)
+                    seconds[piece.doc][piece.group] += piece_seconds
+        while next_doc < len(docs) and last_batch.get(next_doc, b) <= b:
+            doc = docs[next_doc]
+            if not skip(doc.doc_id) and doc.groups:
+                out = doc.results(parts[next_doc], seconds[next_doc])
+                assert doc.selection_seconds is not None
+                own = doc.prefill_seconds + sum(doc.selection_seconds.values())
+                for result in out.values():
+                    result.document_seconds = own + sum(seconds[next_doc])
+                yield doc.doc_id, out
+            doc.release()
+            parts[next_doc] = []
+            next_doc += 1
+
+
+def _run_batch(
+    model: torch.nn.Module,
+    docs: Sequence[_Document],
+    batch: list[_Piece],
+    eos_ids: Sequence[int],
+    settings: RolloutSettings,
+    budget: list[int],
+) -> Iterator[tuple[list[_Piece], list[list[dict[str, np.ndarray]]], list[float]]]:
+    """Decode one planned batch: yields (pieces, their arrays, their decode seconds) per model
+    batch that ran. A batch above ``budget[0]`` rows (lowered by an earlier out-of-memory) is
+    cut in halves first; on out-of-memory it is cut in halves and ``budget[0]`` lowered. A
+    batch's seconds are shared by its units in proportion to their running row-steps."""
+    device = model_device(model)
+    pending = [batch]
+    while pending:
+        pieces = pending.pop(0)
+        rows = sum(p.rows for p in pieces)
+        splittable = len(pieces) > 1 or len(pieces[0].replicates) > 1
+        if rows > budget[0] and splittable:
+            pending[:0] = _halves(pieces)
+            continue
+        units = [docs[p.doc].unit(p.group, p.replicates) for p in pieces]
+        start = _clock(device)
+        try:
+            arrays = _rollout_units(model, units, eos_ids, settings)
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not _is_oom(exc) or not splittable:
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            budget[0] = min(budget[0], rows // 2)
+            log.warning("out of memory with %d batch rows; splitting into halves", rows)
+            pending[:0] = _halves(pieces)
+            continue
+        batch_seconds = _clock(device) - start
+        steps = [_unit_row_steps(a, unit) for a, unit in zip(arrays, units, strict=True)]
+        total = max(sum(steps), 1)
+        yield pieces, arrays, [batch_seconds * s / total for s in steps]

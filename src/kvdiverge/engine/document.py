@@ -1,0 +1,352 @@
+"""One document's coupled rollouts under several actions: one prefill, each action's kept
+entries gathered once, all replicates in one batch (:mod:`kvdiverge.engine.rows`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvdiverge.engine.rows import (
+    _Intervention,
+    _rollout_chunk,
+    _rollout_replicates,
+    _running_row_steps,
+    _Unit,
+)
+from kvdiverge.engine.settings import (
+    DocumentRollout,
+    RolloutSettings,
+    _check_model,
+    _clock,
+    model_device,
+)
+from kvdiverge.eviction import (
+    ActionSpec,
+    Prefill,
+    kept_counts,
+    parse_action,
+    run_prefill,
+    select_positions,
+)
+from kvdiverge.theory.coupling import (
+    document_key,
+)
+
+__all__ = [
+    "gather_prefix",
+    "mean_kept",
+    "reference_groups",
+    "rollout_document",
+    "rollout_document_actions",
+]
+
+log = logging.getLogger(__name__)
+
+
+def gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Each layer's kept entries: (keys, values) of shape (H_kv, n_l, d). Ragged kept sets (−1
+    padding, :func:`kvdiverge.eviction.select_positions`) are cut to the layer's longest head;
+    where the layer's heads still differ, a third element ``mask`` (H_kv, n_l) marks the real
+    entries (:class:`kvdiverge.engine.attention.SharedPrefix`)."""
+    out = []
+    counts = kept_counts(kept)
+    for layer, (keys, values) in enumerate(zip(prefill.keys, prefill.values, strict=True)):
+        width = int(counts[layer].max())
+        positions = kept[layer][:, :width]
+        valid = positions >= 0
+        index = positions.clamp_min(0)[..., None].expand(-1, -1, keys.shape[-1])
+        part: tuple[torch.Tensor, ...] = (keys.gather(1, index), values.gather(1, index))
+        out.append(part if bool(valid.all()) else (*part, valid))
+    return out
+
+
+def mean_kept(kept: torch.Tensor) -> int:
+    """Entries kept per layer and KV head, on average over them (rounded) for ragged sets."""
+    counts = kept_counts(kept)
+    return int(round(int(counts.sum()) / counts.numel()))
+
+
+def _replicate_indices(replicates: int | Sequence[int] | np.ndarray) -> np.ndarray:
+    reps = np.arange(replicates) if isinstance(replicates, int) else np.asarray(replicates)
+    return reps.astype(np.int64)
+
+
+def reference_groups(
+    actions: Sequence[ActionSpec], replicates: Mapping[str, np.ndarray], coupling: str
+) -> list[tuple[int, tuple[int, ...], list[int]]]:
+    """Actions that share one reference stream X: ``(salt, replicates, action indices)``.
+
+    Under common random numbers X depends only on (seed, document, replicate, t), so
+    the actions with the same replicate indices share one X batch (the full-retention control,
+    with its own K_control, gets its own). ``independent`` salts every action's streams with
+    its name, so each action has its own X.
+    """
+    groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for i, action in enumerate(actions):
+        salt = 0 if coupling == "shared-reference" else document_key(f"action:{action.name}")
+        key = (salt, tuple(int(r) for r in replicates[action.name]))
+        groups.setdefault(key, []).append(i)
+    return [(salt, reps, members) for (salt, reps), members in groups.items()]
+
+
+ReplicateCounts = int | Sequence[int] | Mapping[str, int | Sequence[int]]
+
+
+@dataclass
+class _Document:
+    """One document of a rollout: what it runs (planned without the model), then its prefill,
+    each action's kept set and prompt part, and the seconds they took (:meth:`prepare`)."""
+
+    doc_id: str
+    input_ids: Sequence[int] | torch.Tensor
+    specs: list[ActionSpec]
+    reps: dict[str, np.ndarray]
+    groups: list[tuple[int, tuple[int, ...], list[int]]]
+    prefill: Prefill | None = None
+    kept: dict[str, torch.Tensor] | None = None
+    interventions: list[_Intervention] | None = None
+    prefill_seconds: float = 0.0
+    selection_seconds: dict[str, float] | None = None
+
+    @classmethod
+    def plan(
+        cls,
+        doc_id: str,
+        input_ids: Sequence[int] | torch.Tensor,
+        specs: Sequence[ActionSpec],
+        replicates: ReplicateCounts,
+        coupling: str,
+        subset: bool = False,
+    ) -> _Document:
+        """The document's actions, replicates and reference groups. ``replicates``: K or
+        indices for every action, or a mapping action name → K or indices; with ``subset`` a
+        mapping may leave actions out (the document does not run them), else it names all."""
+        names = [a.name for a in specs]
+        if isinstance(replicates, Mapping):
+            unknown = [name for name in replicates if name not in names]
+            if unknown:
+                raise ValueError(
+                    f"document {doc_id}: replicates for unknown action(s) {', '.join(unknown)}"
+                )
+            missing = [name for name in names if name not in replicates]
+            if missing and not subset:
+                raise ValueError(
+                    f"replicates: no replicate count for action(s) {', '.join(missing)}"
+                )
+            specs = [a for a in specs if a.name in replicates]
+            reps = {a.name: _replicate_indices(replicates[a.name]) for a in specs}
+        else:
+            reps = {a.name: _replicate_indices(replicates) for a in specs}
+        specs = list(specs)
+        return cls(doc_id, input_ids, specs, reps, reference_groups(specs, reps, coupling))
+
+    def prepare(
+        self, model: torch.nn.Module, settings: RolloutSettings, prefill: Prefill | None = None
+    ) -> None:
+        """One prefill for all the actions (unless given), then each action's selection and
+        gather (timed per action)."""
+        device = model_device(model)
+        if prefill is None:
+            start = _clock(device)
+            prefill = run_prefill(model, self.input_ids, actions=self.specs)
+            self.prefill_seconds = _clock(device) - start
+        _check_model(model, prefill.n, settings.H)
+        self.prefill, self.kept, self.interventions, self.selection_seconds = prefill, {}, [], {}
+        for a in self.specs:
+            start = _clock(device)
+            self.kept[a.name] = select_positions(prefill, a)
+            identity = settings.identity_shortcut and mean_kept(self.kept[a.name]) == prefill.n
+            self.interventions.append(
+                _Intervention(None if identity else gather_prefix(prefill, self.kept[a.name]))
+            )
+            self.selection_seconds[a.name] = _clock(device) - start
+
+    def release(self) -> None:
+        """Drop the prefill and the prompt parts (the document's rollouts are done)."""
+        self.prefill = self.kept = self.interventions = None
+
+    def unit(self, group: int, replicates: np.ndarray) -> _Unit:
+        """Reference group ``group``'s unit for ``replicates``."""
+        salt, _, members = self.groups[group]
+        assert self.prefill is not None and self.interventions is not None
+        interventions = [self.interventions[i] for i in members]
+        return _Unit(self.prefill, interventions, replicates, document_key(self.doc_id), salt)
+
+    def rows_per_replicate(self, group: int) -> int:
+        """Batch rows per replicate of group ``group``: X, and each evicting member's Y and (at
+        most) Z; before the selection (no prompt parts yet) every member counts as evicting."""
+        members = self.groups[group][2]
+        if self.interventions is None:
+            return 1 + 2 * len(members)
+        return 1 + 2 * sum(self.interventions[i].prefix is not None for i in members)
+
+    def results(
+        self, parts: Sequence[Sequence[list[dict[str, np.ndarray]]]], seconds: Sequence[float]
+    ) -> dict[str, DocumentRollout]:
+        """``{action name: DocumentRollout}`` from each group's chunk results in replicate
+        order (``parts[g]``) and its decode seconds."""
+        assert self.prefill is not None and self.kept is not None
+        assert self.selection_seconds is not None
+        results: dict[str, DocumentRollout] = {}
+        for (_, _, members), group_parts, group_seconds in zip(
+            self.groups, parts, seconds, strict=True
+        ):
+            merged_parts = [
+                {
+                    name: np.concatenate([p[j][name] for p in group_parts])
+                    for name in group_parts[0][j]
+                }
+                for j in range(len(members))
+            ]
+            # row-steps the group's model calls ran: X's (shared), each member's Y and Z rows
+            x_rows = _running_row_steps(merged_parts[0])[0]
+            own = [
+                0 if self.interventions[i].prefix is None else _running_row_steps(merged)[1]
+                for i, merged in zip(members, merged_parts, strict=True)
+            ]
+            group_rows = x_rows + sum(own)
+            per_replicate = 1 + 2 * sum(self.interventions[i].prefix is not None for i in members)
+            fitted = max(len(p[0]["x_token"]) for p in group_parts)
+            for j, i in enumerate(members):
+                merged = merged_parts[j]
+                name = self.specs[i].name
+                logits = {
+                    n[len("logits_") :]: v for n, v in merged.items() if n.startswith("logits_")
+                }
+                results[name] = DocumentRollout(
+                    doc_id=self.doc_id,
+                    replicates=self.reps[name],
+                    x_token=merged["x_token"],
+                    y_token=merged["y_token"],
+                    tv_rollout=merged["tv_rollout"],
+                    tv_fixed=merged["tv_fixed"],
+                    x_eos=merged["x_eos"],
+                    y_eos=merged["y_eos"],
+                    n_prompt=self.prefill.n,
+                    n_kept=mean_kept(self.kept[name]),
+                    batch_rows=per_replicate * fitted,
+                    rows_per_replicate=per_replicate,
+                    logits=logits or None,
+                    prefill_seconds=self.prefill_seconds,
+                    selection_seconds=self.selection_seconds[name],
+                    decode_seconds=group_seconds * (x_rows + own[j]) / max(group_rows, 1),
+                )
+        return {a.name: results[a.name] for a in self.specs}
+
+
+def _check_actions(
+    actions: Sequence[ActionSpec | Mapping[str, Any]], eos_ids: Sequence[int]
+) -> list[ActionSpec]:
+    if not eos_ids:
+        raise ValueError("eos_ids: at least one EOS token id is needed")
+    specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
+    names = [a.name for a in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"actions: names must be unique, got {', '.join(names)}")
+    return specs
+
+
+def rollout_document_actions(
+    model: torch.nn.Module,
+    input_ids: Sequence[int] | torch.Tensor,
+    actions: Sequence[ActionSpec | Mapping[str, Any]],
+    doc_id: str,
+    replicates: ReplicateCounts,
+    eos_ids: Sequence[int],
+    settings: RolloutSettings,
+    prefill: Prefill | None = None,
+) -> dict[str, DocumentRollout]:
+    """Coupled rollouts of one document under several actions (``docs/method.md``).
+
+    ONE prefill serves every action (full cache and first-token logits); each action gathers
+    its kept entries from it. Actions with the same replicates share one reference stream X
+    (:func:`reference_groups`); each evicting action adds its Y and Z rows. ``replicates``: K
+    or explicit indices for every action, or a mapping action name → K or indices (e.g. the
+    control's K_control). All rows of a reference group run in one model call per step, so an
+    action's result equals :func:`rollout_document` with that action alone to floating-point
+    rounding (the batch differs). Returns ``{action name: DocumentRollout}``. The groups run
+    one after the other; :func:`rollout_documents` fills each model call with the rows of
+    several documents and groups instead.
+
+    ``input_ids``: the chat-wrapped prompt (:func:`kvdiverge.models.chat_prompt_ids`);
+    ``eos_ids``: EOS token ids, one merged outcome (:func:`kvdiverge.theory.coupling.merge_eos`);
+    ``settings``: H, seed, coupling and the options of :class:`RolloutSettings`. With
+    ``settings.keep_logits`` the result also holds the per-step logits of P (X rows), Q (Y
+    rows) and Q on X's history (Z rows), for tests. A ``prefill`` from
+    :func:`kvdiverge.eviction.run_prefill` may be passed in (given these actions, when a
+    selector observes the prefill, e.g. kvpress's). ``n_kept`` of a result is the entries kept
+    per layer and KV head (their rounded mean for kept sets that vary by layer or head).
+
+    An action that keeps every prompt entry (``full``, or a budget ≥ n) runs like any other:
+    its Y/Z rows decode over the gathered full cache, so the full-retention control tests the
+    gather, the attention and the coupling. ``settings.identity_shortcut`` (benchmarks only)
+    sets Q and the fixed-history Q to P itself instead, so δ ≡ f ≡ 0 and Y ≡ X by
+    construction, and no Y/Z rows run.
+
+    Each result also carries wall-clock seconds (``time.perf_counter``, after a CUDA
+    synchronize; they change no value): ``prefill_seconds`` of the document's one prefill (the
+    same for every action, 0 when ``prefill`` is passed in), the action's own
+    ``selection_seconds`` (selection and gather), and ``decode_seconds``: its reference group's
+    decode seconds × the row-steps the action would run alone (its running rows': X's, its Y
+    rows', its Z rows' after each split; X's only for an exact identity) / the row-steps the
+    group ran (the shared X once), i.e. the decode cost of an evaluation run of the action
+    alone at the group's cost per row-step.
+    """
+    specs = _check_actions(actions, eos_ids)
+    doc = _Document.plan(doc_id, input_ids, specs, replicates, settings.coupling)
+    doc.prepare(model, settings, prefill)
+    device = model_device(model)
+    parts, seconds = [], []
+    for g, (_, group_reps, _) in enumerate(doc.groups):
+
+        def run(part: np.ndarray, g: int = g) -> list[dict]:
+            unit = doc.unit(g, part)
+            return _rollout_chunk(
+                model,
+                unit.prefill,
+                unit.prefix_full,
+                unit.interventions,
+                part,
+                unit.doc_key,
+                eos_ids,
+                unit.salt,
+                settings,
+            )
+
+        start = _clock(device)
+        group_parts, _ = _rollout_replicates(
+            np.asarray(group_reps, dtype=np.int64),
+            run,
+            settings.max_batch_rows,
+            doc.rows_per_replicate(g),
+        )
+        seconds.append(_clock(device) - start)
+        parts.append(group_parts)
+    out = doc.results(parts, seconds)
+    for result in out.values():
+        result.document_seconds = doc.prefill_seconds + sum(doc.selection_seconds.values())
+        result.document_seconds += sum(seconds)
+    return out
+
+
+def rollout_document(
+    model: torch.nn.Module,
+    input_ids: Sequence[int] | torch.Tensor,
+    action: ActionSpec | Mapping[str, Any],
+    doc_id: str,
+    replicates: int | Sequence[int],
+    eos_ids: Sequence[int],
+    settings: RolloutSettings,
+    prefill: Prefill | None = None,
+) -> DocumentRollout:
+    """Coupled rollouts of one document under one action: :func:`rollout_document_actions`
+    with that action alone (same arguments, same values)."""
+    action = action if isinstance(action, ActionSpec) else parse_action(action)
+    return rollout_document_actions(
+        model, input_ids, [action], doc_id, replicates, eos_ids, settings, prefill
+    )[action.name]

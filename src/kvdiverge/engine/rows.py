@@ -1,0 +1,521 @@
+"""The coupled decode loop: rollouts under several actions, one model call a step.
+
+:func:`rollout_document_actions` runs one document; :func:`rollout_documents` (what a rollout
+job runs) fills each model call with the rows of several documents, each with its own prompt
+groups, positions and common random numbers (``docs/architecture.md``, "Coupled decoding":
+several documents per model call).
+
+``docs/method.md`` states the coupling; ``docs/architecture.md`` ("Coupled decoding") the batch:
+
+* one prefill per document gives the full prompt cache and the first-token logits (shared by
+  the reference P and every intervention Q, so δ_1 = 0), whatever the number of actions;
+* each action's selector gathers its kept entries from that cache once per document;
+* all replicates and streams of a document decode as ONE batch, one model call per step:
+  the reference rows X on the full prompt cache, then for each action its intervention rows Y
+  on its evicted cache, then the fixed-history rows Z (Q fed X's tokens, for f_t) of the
+  replicates whose histories have split. The X rows are shared by every action with the same
+  replicates (:func:`reference_groups`), so each step reads the model's weights once for all;
+* the prompt caches are shared by their rows, never copied per replicate
+  (:mod:`kvdiverge.engine.attention`). Memory is O(prompt + K·H) per action;
+* the stepwise maximal coupling (:func:`kvdiverge.theory.coupling.maximal_coupling_step`, accept
+  sampler) runs every step with common random numbers: X by inverse CDF from the REFERENCE
+  stream keyed by (seed, document, replicate, t) only, so X is identical across actions; ACCEPT
+  and RESIDUAL streams for Y. ``coupling="independent"`` salts all streams with the action name
+  (each action then has its own X rows);
+* temperature 1, full softmax (float64); the EOS ids are ONE outcome of every kernel
+  (:func:`kvdiverge.theory.coupling.merge_eos`: their probabilities are summed onto the smallest EOS
+  id before the TV and the coupling, so two sequences that both end agree, whatever id each
+  would have used, and results do not depend on the order of ``eos_ids``); an EOS outcome is
+  recorded as that smallest id; EOS is absorbing (after it a sequence's kernel is the point
+  mass on the merged outcome); H steps always; rows whose stream has ended leave the batch (a
+  quarter of it at a time);
+* on CUDA out-of-memory the replicate batch is split in halves and the rollout goes on.
+
+An action that keeps everything (the full-retention control) runs through the same path as
+any evicting action: its cache is a gather of every position, its Y rows decode over it and
+its Q is computed from their own logits, so the control exercises the gather, the
+shared-prefix attention and the coupling and can fail (on CPU float32 with one thread it gives
+δ ≡ f ≡ 0 and X ≡ Y exactly). ``identity_shortcut=True`` (for benchmarks only) skips those rows
+and sets Q := P. Reruns are bit-identical. An action run with others shares its model calls
+with their rows, so its values equal a run of that action alone to floating-point rounding (the
+matrix products' batch differs), not bit for bit; the tokens differ only where a uniform falls
+within rounding of a CDF boundary. A replicate's Z row runs only after its X and Y histories
+split: until then Z is Y (the same tokens on the same cache), so its Q is Y's, copied bit for
+bit, and at the split the Z row starts from a copy of Y's generated entries. Before divergence
+an action therefore costs one row per replicate, not two.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvdiverge.engine.attention import (
+    ATTENTION_NAME,
+    RowCache,
+    SharedPrefix,
+    attention_implementation,
+)
+from kvdiverge.engine.settings import RolloutSettings, _is_oom, _uniforms
+from kvdiverge.eviction import (
+    Prefill,
+)
+from kvdiverge.theory.coupling import (
+    canonical_eos,
+    maximal_coupling_step,
+    merge_eos,
+    tv,
+)
+
+__all__ = [
+    "decode_step",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Intervention:
+    """One action's evicted prompt part in a decoding chunk (``None``: Q is P, no rows run)."""
+
+    prefix: list[tuple[torch.Tensor, ...]] | None
+
+
+@dataclass
+class _Unit:
+    """One document's reference group (or a chunk of its replicates) in a decoding batch.
+
+    A unit is what one document contributes to a batch: its prefill (full prompt cache and
+    first-token logits), the members' interventions, the replicates and the key of its common
+    random numbers (document and salt). Units of different documents share the model calls of
+    a batch, each with its own prompt groups.
+    """
+
+    prefill: Prefill
+    interventions: list[_Intervention]
+    replicates: np.ndarray
+    doc_key: int
+    salt: int
+
+    @property
+    def prefix_full(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.prefill.keys, self.prefill.values, strict=True))
+
+    @property
+    def n_evicting(self) -> int:
+        return sum(act.prefix is not None for act in self.interventions)
+
+    @property
+    def rows(self) -> int:
+        """The most batch rows the unit holds: X, and Y and Z per evicting intervention."""
+        return len(self.replicates) * (1 + 2 * self.n_evicting)
+
+
+def decode_step(
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    position: int | torch.Tensor,
+    cache: RowCache,
+    shared: SharedPrefix,
+) -> torch.Tensor:
+    """One batched decoding step of ``tokens`` (B,): logits (B, V).
+
+    ``position``: the prompt offset of every row (one int: one rotary row broadcasts over the
+    batch), or a (B,) tensor when the rows belong to prompts of different lengths.
+    """
+    if isinstance(position, int):
+        position_ids = torch.full((1, 1), position, dtype=torch.long, device=tokens.device)
+    else:
+        position_ids = position[:, None]
+    result = model(
+        input_ids=tokens[:, None],
+        position_ids=position_ids,
+        cache_position=torch.tensor([cache.get_seq_length()], device=tokens.device),
+        past_key_values=cache,
+        use_cache=True,
+        kvd_prefix=shared,
+    )
+    return result.logits[:, -1]
+
+
+def _absorbed(kernel: torch.Tensor, done: torch.Tensor, point_mass: torch.Tensor) -> torch.Tensor:
+    """The kernel with the point mass on EOS in the rows that have emitted EOS."""
+    return torch.where(done[:, None], point_mass, kernel) if bool(done.any()) else kernel
+
+
+def _exclusive_cumsum(values: Sequence[int]) -> list[int]:
+    return [int(v) for v in np.concatenate([[0], np.cumsum(values)[:-1]])]
+
+
+class _RowBatch:
+    """The rows of one decoding batch (one or more units) and the prompt part each attends to.
+
+    Streams of a unit: 0 is X; for its j-th evicting intervention, ``y(j) = 1 + 2j`` is the Y
+    stream and ``y(j) + 1`` the Z stream. Per batch row, ``unit``, ``stream`` and
+    ``replicate`` (the unit's replicate position) say what it decodes; the rows start unit by
+    unit (each unit's X rows, then its Y rows), Z rows are appended as histories split. Row
+    group (u, 0), the X rows of unit u, attends to the unit's full prompt; group (u, 1 + j), the
+    Y and Z rows of its j-th evicting intervention, to that intervention's evicted prompt.
+    """
+
+    def __init__(
+        self,
+        prompts: list[list[list[tuple[torch.Tensor, ...]]]],
+        ks: Sequence[int],
+        cache: RowCache,
+        fused: bool,
+    ) -> None:
+        device = cache.keys[0].device
+        self.cache, self.fused, self.ks = cache, fused, list(ks)
+        self.flat_prompts = [part for unit in prompts for part in unit]
+        self.n_streams = [2 * len(unit) - 1 for unit in prompts]
+        self.reps = [torch.arange(k, device=device) for k in ks]
+
+        def per_unit(values: Sequence[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        self._k = per_unit(ks)
+        self._slot_base = per_unit(
+            _exclusive_cumsum([s * k for s, k in zip(self.n_streams, ks, strict=True)])
+        )
+        self._stream_base = per_unit(_exclusive_cumsum(self.n_streams))
+        self._group_base = per_unit(_exclusive_cumsum([len(unit) for unit in prompts]))
+        units, streams, replicates = [], [], []
+        for u, (unit, k) in enumerate(zip(prompts, ks, strict=True)):
+            group = torch.arange(len(unit), device=device).repeat_interleave(k)
+            streams.append(torch.where(group > 0, 2 * group - 1, 0))
+            replicates.append(self.reps[u].repeat(len(unit)))
+            units.append(torch.full_like(group, u))
+        self.unit = torch.cat(units)
+        self.stream = torch.cat(streams)
+        self.replicate = torch.cat(replicates)
+        cache.rows = self.stream.numel()
+        self._layout()
+
+    @staticmethod
+    def y(j: int) -> int:
+        """Stream code of the j-th evicting intervention's Y rows (its Z rows: ``y(j) + 1``)."""
+        return 1 + 2 * j
+
+    def _split(self, key: torch.Tensor, n_keys: int) -> list[torch.Tensor]:
+        """The batch rows of each key 0..n_keys − 1, each in ascending row order."""
+        order = torch.argsort(key, stable=True)
+        counts = torch.bincount(key, minlength=n_keys).tolist()
+        return list(torch.split(order, counts))
+
+    def _layout(self) -> None:
+        stream_key = self._stream_base[self.unit] + self.stream
+        members = self._split(stream_key, sum(self.n_streams))
+        self.members = [(rows, self.replicate[rows]) for rows in members]
+        # X → the unit's prompt 0; Y and Z of evicted[j] → its prompt 1 + j
+        group_key = self._group_base[self.unit] + (self.stream + 1) // 2
+        rows = self._split(group_key, len(self.flat_prompts))
+        self.shared = SharedPrefix(rows, self.flat_prompts, self.fused)
+
+    def by_replicate(
+        self, values: torch.Tensor, unit: int, code: int, base: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Unit ``unit``'s stream ``code``: its (k, V) rows of ``values`` by replicate, from
+        ``base`` where it has no row (an ended row, or a Z not yet split), else zeros (a point
+        mass replaces them)."""
+        batch_rows, row_reps = self.members[int(self._stream_base[unit]) + code]
+        k, reps = self.ks[unit], self.reps[unit]
+        if base is None and batch_rows.numel() == k and bool((row_reps == reps).all()):
+            return values.index_select(0, batch_rows)
+        start = values.new_zeros((k, values.shape[-1]))
+        return (start if base is None else base).index_copy(
+            0, row_reps, values.index_select(0, batch_rows)
+        )
+
+    def start_z_rows(self, unit: int, j: int, new: torch.Tensor) -> None:
+        """Z rows of unit ``unit``'s intervention j for replicates ``new``, from copies of their
+        Y rows."""
+        y_rows, y_reps = self.members[int(self._stream_base[unit]) + self.y(j)]
+        source = torch.full((self.ks[unit],), -1, dtype=torch.long, device=new.device)
+        source[y_reps] = y_rows
+        cache = self.cache
+        slots = torch.arange(cache.rows, cache.rows + new.numel(), device=new.device)
+        cache.copy_rows(source[new], slots)
+        cache.rows += new.numel()
+        self.unit = torch.cat([self.unit, torch.full_like(new, unit)])
+        self.stream = torch.cat([self.stream, torch.full_like(new, self.y(j) + 1)])
+        self.replicate = torch.cat([self.replicate, new])
+
+    def per_row(self, tables: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Each batch row's entry of its unit's (streams, k) table (the rows as they are now,
+        Z rows just started included)."""
+        slot = self._slot_base[self.unit] + self.stream * self._k[self.unit] + self.replicate
+        return torch.cat([table.reshape(-1) for table in tables])[slot]
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows ``rows`` (their cache entries move to the front)."""
+        self.cache.keep_rows(rows)
+        self.unit, self.stream = self.unit[rows], self.stream[rows]
+        self.replicate = self.replicate[rows]
+
+    def relayout(self) -> None:
+        self._layout()
+
+
+class _UnitRun:
+    """The coupled state of one unit across the steps of a batch: its tokens, EOS flags, δ and
+    f, split and Z flags, uniforms and (with ``keep_logits``) every stream's logits."""
+
+    FIELDS = (
+        ("y_token", torch.long),
+        ("tv_rollout", torch.float64),
+        ("tv_fixed", torch.float64),
+        ("y_eos", torch.bool),
+    )
+
+    def __init__(self, unit: _Unit, settings: RolloutSettings, device: torch.device) -> None:
+        H, k = settings.H, len(unit.replicates)
+        self.keep_logits = settings.keep_logits
+        self.evicted = [i for i, act in enumerate(unit.interventions) if act.prefix is not None]
+        self.y_stream = {i: _RowBatch.y(j) for j, i in enumerate(self.evicted)}
+        n_actions = len(unit.interventions)
+        self.out = [
+            {name: torch.empty((k, H), dtype=kind, device=device) for name, kind in self.FIELDS}
+            for _ in range(n_actions)
+        ]
+        self.x_token = torch.empty((k, H), dtype=torch.long, device=device)
+        self.x_eos = torch.empty((k, H), dtype=torch.bool, device=device)
+        self.kept_logits: list[dict[str, list[torch.Tensor]]] = [
+            {"p": [], "q": [], "q_fixed": []} for _ in range(n_actions)
+        ]
+        self.uniforms = _uniforms(
+            settings.seed, unit.doc_key, unit.replicates, H, unit.salt, device
+        )
+        self.x_done = torch.zeros(k, dtype=torch.bool, device=device)
+        self.y_done = [torch.zeros(k, dtype=torch.bool, device=device) for _ in range(n_actions)]
+        self.split = [torch.zeros(k, dtype=torch.bool, device=device) for _ in range(n_actions)]
+        self.z_started = {i: torch.zeros(k, dtype=torch.bool, device=device) for i in self.evicted}
+        self.x = self.x_done.long()
+
+    def couple(
+        self,
+        t: int,
+        batch: _RowBatch,
+        u: int,
+        probs: torch.Tensor,
+        logits: torch.Tensor,
+        point_mass: torch.Tensor,
+        eos: torch.Tensor,
+    ) -> None:
+        """Step t: the laws P, Q and Q on X's history from the batch's ``probs``, δ_t and f_t,
+        and the coupled draws of X and every Y."""
+        p_raw = batch.by_replicate(probs, u, 0)
+        p = _absorbed(p_raw, self.x_done, point_mass)
+        x = None
+        for i, fields in enumerate(self.out):
+            if i in self.y_stream:
+                q_raw = batch.by_replicate(probs, u, self.y_stream[i])
+                q_fixed_raw = batch.by_replicate(probs, u, self.y_stream[i] + 1, base=q_raw)
+            else:  # the identity shortcut: Q is P as a kernel
+                q_raw = q_fixed_raw = p_raw
+            if self.keep_logits:
+                lp = batch.by_replicate(logits, u, 0)
+                lq = batch.by_replicate(logits, u, self.y_stream[i]) if i in self.y_stream else lp
+                lz = (
+                    batch.by_replicate(logits, u, self.y_stream[i] + 1, base=lq)
+                    if i in self.y_stream
+                    else lp
+                )
+                for name, part in zip(("p", "q", "q_fixed"), (lp, lq, lz), strict=True):
+                    self.kept_logits[i][name].append(part.float().cpu())
+            q = _absorbed(q_raw, self.y_done[i], point_mass)
+            q_fixed = _absorbed(q_fixed_raw, self.x_done, point_mass)
+            x_i, y = maximal_coupling_step(p, q, self.uniforms[t - 1])
+            x = x_i if x is None else x  # X ~ p by inverse CDF: the same for every q
+            self.y_done[i] = self.y_done[i] | torch.isin(y, eos)
+            fields["y_token"][:, t - 1] = y
+            fields["tv_rollout"][:, t - 1] = tv(p, q)
+            fields["tv_fixed"][:, t - 1] = tv(p, q_fixed)
+            fields["y_eos"][:, t - 1] = self.y_done[i]
+            self.split[i] = self.split[i] | (x != y)
+        if x is None:  # no intervention: X alone
+            x = maximal_coupling_step(p, p, self.uniforms[t - 1])[0]
+        self.x = x
+        self.x_done = self.x_done | torch.isin(x, eos)
+        self.x_token[:, t - 1] = x
+        self.x_eos[:, t - 1] = self.x_done
+
+    def start_z_rows(self, batch: _RowBatch, u: int) -> bool:
+        """Z rows for the replicates newly split while X runs; whether any started."""
+        started = False
+        for j, i in enumerate(self.evicted):
+            running = ~self.x_done | self.keep_logits  # (kept logits: every Z law is recorded)
+            new = (self.split[i] & ~self.z_started[i] & running).nonzero()[:, 0]
+            self.z_started[i] = self.split[i].clone()
+            if new.numel():
+                batch.start_z_rows(u, j, new)
+                started = True
+        return started
+
+    def stream_tables(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per stream and replicate: whether the stream has ended (X and Z after X's EOS, Y
+        after Y's), and its next input (X's token for X and Z, Y's for Y)."""
+        ended = [self.x_done] + [e for i in self.evicted for e in (self.y_done[i], self.x_done)]
+        y = [self.out[i]["y_token"][:, t - 1] for i in self.evicted]
+        tokens = [self.x] + [s for y_i in y for s in (y_i, self.x)]
+        return torch.stack(ended), torch.stack(tokens)
+
+    def arrays(self) -> list[dict[str, np.ndarray]]:
+        """Per intervention: its (k, H) arrays (with ``keep_logits`` also (k, H, V) logits)."""
+        x_arrays = {"x_token": self.x_token.cpu().numpy(), "x_eos": self.x_eos.cpu().numpy()}
+        results = []
+        for i, fields in enumerate(self.out):
+            arrays = {**x_arrays, **{name: v.cpu().numpy() for name, v in fields.items()}}
+            if self.keep_logits:
+                for name, parts in self.kept_logits[i].items():
+                    arrays[f"logits_{name}"] = torch.stack(parts, dim=1).numpy()
+            results.append(arrays)
+        return results
+
+
+@torch.inference_mode()
+def _rollout_units(
+    model: torch.nn.Module,
+    units: Sequence[_Unit],
+    eos_ids: Sequence[int],
+    settings: RolloutSettings,
+) -> list[list[dict[str, np.ndarray]]]:
+    """Coupled rollouts of every unit of a batch: per unit, per intervention, its arrays.
+
+    Each step runs ONE model call for all running rows of all units: per unit, the k reference
+    rows X (its full prompt cache), each evicted intervention's k Y rows, and the Z rows (Q fed
+    X's tokens, for f_t; on the intervention's evicted cache) of the (intervention, replicate)
+    pairs whose X and Y histories have split, added in the order they split. Rows of units with
+    prompts of different lengths decode at their own positions. Before its split a replicate's Z
+    is Y itself (the same cache, the same tokens), so Q on X's history is Y's Q, bit for bit,
+    and no row runs for it; at the split the Z row starts from a copy of the Y row's generated
+    entries. An intervention with ``prefix=None`` (the identity shortcut) has Q := P itself
+    (δ ≡ f ≡ 0, Y ≡ X) and runs no rows. The coupling of each unit uses its own uniforms, keyed
+    by its document, so a unit's tokens do not depend on the other units of the batch.
+
+    A row whose stream has ended no longer matters: an X row once X emitted EOS, a Y row once
+    Y did, a Z row once X did (from then on the kernel is the point mass on EOS). With
+    ``settings.drop_ended`` ended rows leave the batch when they make up a quarter of it (the
+    running rows' generated entries are then moved to the front); until then they run and
+    their logits are ignored. With ``settings.keep_logits`` every row stays, so that every
+    stream's logits are recorded.
+    """
+    H, keep_logits = settings.H, settings.keep_logits
+    first = units[0].prefill
+    device = first.last_logits.device
+    n_kv, _, d = first.keys[0].shape
+    cache = RowCache(
+        len(first.keys),
+        sum(unit.rows for unit in units),
+        n_kv,
+        d,
+        max(H - 1, 1),
+        first.keys[0].dtype,
+        device,
+    )
+    runs = [_UnitRun(unit, settings, device) for unit in units]
+    prompts = [
+        [unit.prefix_full] + [list(unit.interventions[i].prefix) for i in run.evicted]
+        for unit, run in zip(units, runs, strict=True)
+    ]
+    batch = _RowBatch(
+        prompts, [len(unit.replicates) for unit in units], cache, settings.fused_attention
+    )
+    eos = torch.tensor(sorted({int(e) for e in eos_ids}), device=device)
+    firsts = torch.stack([unit.prefill.last_logits.float().reshape(-1) for unit in units])
+    vocab = firsts.shape[-1]
+    point_mass = torch.zeros(vocab, dtype=torch.float64, device=device)
+    point_mass[canonical_eos(eos_ids)] = 1.0
+    lengths = [unit.prefill.n for unit in units]
+    same_length = len(set(lengths)) == 1
+    prompt_n = torch.tensor(lengths, dtype=torch.long, device=device)
+    # this step's logits of every batch row (step 1: each unit's prefill logits)
+    logits = firsts[0].expand(cache.rows, vocab) if len(units) == 1 else firsts[batch.unit]
+
+    with attention_implementation(model, ATTENTION_NAME):
+        for t in range(1, H + 1):
+            probs = merge_eos(logits.double().softmax(dim=-1), eos_ids, inplace=True)
+            for u, run in enumerate(runs):
+                run.couple(t, batch, u, probs, logits, point_mass, eos)
+            if t == H:
+                break
+            changed = False
+            for u, run in enumerate(runs):  # newly split, X running: Z starts from Y's history
+                changed = run.start_z_rows(batch, u) or changed
+            tables = [run.stream_tables(t) for run in runs]
+            ended = batch.per_row([table[0] for table in tables])
+            n_ended = int(ended.sum())
+            if not keep_logits and settings.drop_ended and n_ended and 4 * n_ended >= ended.numel():
+                batch.keep((~ended).nonzero()[:, 0])
+                changed = True
+            if changed:
+                batch.relayout()
+            if cache.rows == 0:  # every stream has ended: point masses from here on
+                logits = firsts.new_zeros((0, vocab))
+                continue
+            tokens = batch.per_row([table[1] for table in tables])
+            position = lengths[0] + t - 1 if same_length else prompt_n[batch.unit] + (t - 1)
+            logits = decode_step(model, tokens, position, cache, batch.shared)
+    return [run.arrays() for run in runs]
+
+
+@torch.inference_mode()
+def _rollout_chunk(
+    model: torch.nn.Module,
+    prefill: Prefill,
+    prefix_full: list[tuple[torch.Tensor, torch.Tensor]],
+    interventions: Sequence[_Intervention],
+    replicates: np.ndarray,
+    doc_key: int,
+    eos_ids: Sequence[int],
+    salt: int,
+    settings: RolloutSettings,
+) -> list[dict[str, np.ndarray]]:
+    """Coupled rollouts of ``replicates`` of one document under every intervention, sharing
+    one X stream: :func:`_rollout_units` with this one unit (``prefix_full`` is the prefill's
+    own cache)."""
+    unit = _Unit(prefill, list(interventions), np.asarray(replicates), doc_key, salt)
+    return _rollout_units(model, [unit], eos_ids, settings)[0]
+
+
+def _rollout_replicates(
+    replicates: np.ndarray, run: Any, max_rows: int, rows_per_replicate: int
+) -> tuple[list[Any], int]:
+    """Run ``run`` on chunks of at most ``max_rows // rows_per_replicate`` replicates (at least
+    one); halve a chunk on out-of-memory.
+
+    Returns the results in replicate order and the largest chunk size that ran.
+    """
+    chunk = max(1, max_rows // rows_per_replicate)
+    pending = [replicates[i : i + chunk] for i in range(0, len(replicates), chunk)]
+    results = []
+    fitted = 0
+    while pending:
+        part = pending.pop(0)
+        try:
+            results.append(run(part))
+            fitted = max(fitted, len(part))
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not _is_oom(exc) or len(part) == 1:
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            half = len(part) // 2
+            log.warning("out of memory with %d replicates; splitting into halves", len(part))
+            pending[:0] = [part[:half], part[half:]]
+    return results, fitted
+
+
+def _running_row_steps(arrays: Mapping[str, np.ndarray]) -> tuple[int, int]:
+    """Row-steps of running rows in the H − 1 decoding steps: the X rows' (until X's EOS), and
+    an evicting action's own: its Y rows' (until Y's EOS) and its Z rows' (after the split,
+    until X's EOS). Ended rows may run a few steps more before they leave the batch."""
+    x_running = ~arrays["x_eos"][:, :-1]
+    split = np.logical_or.accumulate(arrays["x_token"] != arrays["y_token"], axis=1)[:, :-1]
+    own = (~arrays["y_eos"][:, :-1]).sum() + (split & x_running).sum()
+    return int(x_running.sum()), int(own)

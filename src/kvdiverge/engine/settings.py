@@ -1,0 +1,129 @@
+"""Rollout settings and the per-document result of the coupled decode loop, with the small
+helpers (device, clock, common random numbers) every engine module shares."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvdiverge.theory.coupling import (
+    Stream,
+    crn_uniforms,
+)
+
+__all__ = [
+    "COUPLING_MODES",
+    "DocumentRollout",
+    "RolloutSettings",
+    "model_device",
+]
+
+log = logging.getLogger(__name__)
+
+
+COUPLING_MODES = ("shared-reference", "independent")
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """The settings that travel together through every rollout entry point.
+
+    ``H``: steps per rollout; ``seed``: master seed of the common random numbers; ``coupling``:
+    ``shared-reference`` (one X per replicate set, shared by the actions) or ``independent``;
+    ``max_batch_rows``: rows a model call may hold (a replicate costs X, and Y and at most Z
+    per evicting action); ``keep_logits``: also return every row's logits (tests; keeps ended
+    rows); ``identity_shortcut``: Q := P for an action that keeps everything, without rows of
+    its own (benchmarks only: the control then cannot fail); ``drop_ended``: rows whose
+    stream has ended leave the batch; ``fused_attention``: use a validated fused attention
+    kernel where one exists.
+    """
+
+    H: int
+    seed: int
+    coupling: str = "shared-reference"
+    max_batch_rows: int = 192
+    keep_logits: bool = False
+    identity_shortcut: bool = False
+    drop_ended: bool = True
+    fused_attention: bool = True
+
+    def __post_init__(self) -> None:
+        if self.coupling not in COUPLING_MODES:
+            raise ValueError(
+                f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {self.coupling!r}"
+            )
+        if not isinstance(self.H, int | np.integer) or self.H < 1:
+            raise ValueError(f"H: expected an integer >= 1, got {self.H}")
+        if self.max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows: expected an integer >= 1, got {self.max_batch_rows}")
+
+
+@dataclass
+class DocumentRollout:
+    """One document's coupled rollouts, arrays of shape (K, H) (logits: (K, H, V))."""
+
+    doc_id: str
+    replicates: np.ndarray
+    x_token: np.ndarray
+    y_token: np.ndarray
+    tv_rollout: np.ndarray
+    tv_fixed: np.ndarray
+    x_eos: np.ndarray
+    y_eos: np.ndarray
+    n_prompt: int
+    n_kept: int
+    batch_rows: int = 0  # the most rows a model call could hold (largest chunk ran)
+    rows_per_replicate: int = 3  # X, and Y and Z per evicting action of the reference group
+    logits: dict[str, np.ndarray] | None = None
+    prefill_seconds: float = 0.0
+    selection_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    document_seconds: float = 0.0  # the document's prefill, selections and share of decoding
+
+
+def _check_model(model: torch.nn.Module, n: int, H: int) -> None:
+    for layer in model.model.layers:
+        window = getattr(layer.self_attn, "sliding_window", None)
+        if window is not None and window < n + H:
+            raise ValueError(
+                f"model: layer uses sliding-window attention ({window} < {n + H} positions); "
+                "the engine needs full attention"
+            )
+
+
+def _clock(device: torch.device) -> float:
+    """``time.perf_counter()`` once the work queued on ``device`` is done (CUDA is asynchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    return next(iter(model.parameters()), torch.empty(0)).device
+
+
+def _uniforms(
+    seed: int, doc_key: int, replicates: np.ndarray, H: int, salt: int, device: torch.device
+) -> torch.Tensor:
+    """The coupling's uniforms for every replicate and step: (H, K, 3) on ``device``.
+
+    Streams REFERENCE, ACCEPT, RESIDUAL, keyed by (seed, document, replicate, t).
+    """
+    steps = np.arange(1, H + 1)[:, None]
+    u = np.stack(
+        [
+            crn_uniforms(seed, doc_key, replicates[None, :], steps, stream, salt)
+            for stream in (Stream.REFERENCE, Stream.ACCEPT, Stream.RESIDUAL)
+        ],
+        axis=-1,
+    )
+    return torch.from_numpy(u).to(device)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()

@@ -1,0 +1,179 @@
+"""Running eviction on a prompt: the prefill (:func:`run_prefill`) and the positions an action
+keeps of it, per layer and KV head (:func:`select_positions`)."""
+
+from __future__ import annotations
+
+import sys
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kvdiverge.eviction.budgets import ActionError
+from kvdiverge.eviction.prefill import LayerInputs, Prefill
+from kvdiverge.eviction.selectors import ActionSpec, _as_action
+
+if typing.TYPE_CHECKING:
+    import torch
+
+
+def _rotary_fn(attn: torch.nn.Module) -> Callable:
+    module = sys.modules[type(attn).__module__]
+    fn = getattr(module, "apply_rotary_pos_emb", None)
+    if fn is None:
+        raise ActionError(
+            f"model: attention class {type(attn).__name__} has no apply_rotary_pos_emb; "
+            "SnapKV window queries need a RoPE model"
+        )
+    return fn
+
+
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    layers = model.model.layers
+    return [layer.self_attn for layer in layers]
+
+
+def run_prefill(
+    model: torch.nn.Module,
+    input_ids: Sequence[int] | torch.Tensor,
+    query_window: int = 0,
+    actions: Sequence[ActionSpec | Mapping[str, Any]] = (),
+) -> Prefill:
+    """One prefill of the prompt: full cache, last logits, and what the actions' selectors need.
+
+    ``query_window`` > 0 records the post-RoPE queries of the last ``query_window`` positions of
+    every layer (SnapKV's observation window), computed from the layer's input exactly as
+    kvpress does (q_proj with bias, q_norm when the model has one, RoPE); ``actions`` raise it
+    to the largest window their selectors need. Each action whose selector observes the prefill
+    (:attr:`Selector.observes`) and evicts something from this prompt is checked against it
+    first, then sees every attention layer after its forward (:meth:`Selector.observe`, as a
+    kvpress press's forward hook does); what it returns is kept in ``Prefill.observed``.
+    """
+    import torch
+
+    with torch.no_grad():
+        return _run_prefill(model, input_ids, query_window, actions)
+
+
+def _run_prefill(
+    model: torch.nn.Module,
+    input_ids: Sequence[int] | torch.Tensor,
+    query_window: int,
+    actions: Sequence[ActionSpec | Mapping[str, Any]],
+) -> Prefill:
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device).reshape(1, -1)
+    n = ids.shape[1]
+    specs = [_as_action(a) for a in actions]
+    query_window = max([query_window, *(a.method.query_window(a) for a in specs)])
+    attns = _attention_modules(model)
+    observers: list[tuple[ActionSpec, int]] = []
+    for a in specs:
+        n_keep = a.n_keep(n)
+        if a.method.observes and n_keep < n:
+            a.method.check(a, n, n_keep)
+            a.method.prepare(model, a)
+            observers.append((a, n_keep))
+    captured: dict[int, torch.Tensor] = {}
+    observed: dict[str, list[Any]] = {a.name: [None] * len(attns) for a, _ in observers}
+    handles = []
+    w = min(query_window, n)
+    if w > 0:
+
+        def make_hook(idx: int, attn: torch.nn.Module) -> Callable:
+            rotary = _rotary_fn(attn)
+
+            def hook(module, args, kwargs):
+                hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+                cos, sin = kwargs["position_embeddings"]
+                h = hidden[:, -w:]
+                q = module.q_proj(h).view(1, w, -1, module.head_dim)
+                if hasattr(module, "q_norm"):
+                    q = module.q_norm(q)
+                q = q.transpose(1, 2)
+                q, _ = rotary(q, q, cos[:, -w:], sin[:, -w:])
+                captured[idx] = q[0]
+
+            return hook
+
+        for i, attn in enumerate(attns):
+            handles.append(attn.register_forward_pre_hook(make_hook(i, attn), with_kwargs=True))
+    if observers:
+
+        def make_observer(idx: int) -> Callable:
+            def hook(module, args, kwargs, output):
+                hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+                cache = kwargs["past_key_values"].layers[module.layer_idx]
+                attentions = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+                inputs = LayerInputs(
+                    idx, module, hidden, cache.keys, cache.values, attentions, kwargs
+                )
+                for action, n_keep in observers:
+                    observed[action.name][idx] = action.method.observe(action, inputs, n_keep)
+
+            return hook
+
+        for i, attn in enumerate(attns):
+            handles.append(attn.register_forward_hook(make_observer(i), with_kwargs=True))
+    try:
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    finally:
+        for h in handles:
+            h.remove()
+    cache = out.past_key_values
+    keys = [layer.keys[0] for layer in cache.layers]
+    values = [layer.values[0] for layer in cache.layers]
+    return Prefill(
+        keys=keys,
+        values=values,
+        window_queries=[captured[i] for i in range(len(attns))] if w > 0 else [],
+        last_logits=out.logits[0, -1],
+        n=n,
+        num_key_value_groups=attns[0].num_key_value_groups,
+        head_dim=attns[0].head_dim,
+        observed=observed,
+    )
+
+
+def _all_positions(prefill: Prefill, n: int) -> torch.Tensor:
+    import torch
+
+    n_layers, n_kv = len(prefill.keys), prefill.keys[0].shape[0]
+    return torch.arange(n, device=prefill.keys[0].device).expand(n_layers, n_kv, n).clone()
+
+
+def kept_counts(kept: torch.Tensor) -> torch.Tensor:
+    """Entries kept per layer and KV head (L, H_kv) of a kept-position tensor (−1 pads)."""
+    return (kept >= 0).sum(dim=-1)
+
+
+def select_positions(prefill: Prefill, action: ActionSpec | Mapping[str, Any]) -> torch.Tensor:
+    """Kept prompt positions (L, H_kv, n_keep), ascending per head, from a prefill (ragged
+    selectors: padded at the end with −1)."""
+    action = _as_action(action)
+    n = prefill.n
+    n_keep = action.n_keep(n)
+    if n_keep >= n:
+        return _all_positions(prefill, n)
+    action.method.check(action, n, n_keep)
+    if action.method.observes and action.name not in prefill.observed:
+        raise ActionError(
+            f"action {action.name!r}: the prefill did not observe this action "
+            "(pass it to run_prefill(..., actions=...))"
+        )
+    return action.method.positions(prefill, action, n_keep)
+
+
+def kept_positions(
+    model: torch.nn.Module,
+    input_ids: Sequence[int] | torch.Tensor,
+    action: ActionSpec | Mapping[str, Any],
+) -> torch.Tensor:
+    """The prompt positions an action keeps: LongTensor[n_layers, n_kv_heads, n_keep].
+
+    Runs one prefill of ``input_ids`` (the chat-wrapped prompt) and applies the selector.
+    """
+    action = _as_action(action)
+    prefill = run_prefill(model, input_ids, actions=[action])
+    return select_positions(prefill, action)
