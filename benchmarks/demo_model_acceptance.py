@@ -1,4 +1,5 @@
-"""Acceptance of the trained demo models (README "Demo models"; issue "A tiny trained demo model").
+"""Acceptance of the trained demo models (docs/models.md, "Acceptance"; issue "A tiny
+trained demo model").
 
 Prints, per demo model of configs/tiny.yaml:
 

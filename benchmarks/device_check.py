@@ -10,7 +10,8 @@ Qwen2 models built here (random weights, the engine tests' seed):
    transformers forward over an explicitly gathered cache on the same device, over every step
    of K = 4 replicates, H = 24 (`docs/architecture.md`, "Shared-prefix attention"; float32
    should be ≤ 1e-5 as on CPU);
-3. optionally ``benchmarks/rollout.py`` on the device (``--benchmark``), for the README;
+3. optionally ``benchmarks/rollout.py`` on the device (``--benchmark``), for
+   ``benchmarks/README.md``;
 4. optionally (``--throughput``) the table of ``benchmarks/throughput.py`` on the device —
    decode row-steps/s and model GFLOP/s, prefill tokens/s and GFLOP/s, each against the same
    process's GEMM rate in the model's dtype, the time by part, the speed-up over the

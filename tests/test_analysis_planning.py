@@ -1,5 +1,6 @@
 """Sample-size planning from the development rollouts: variance, measured cost, and the
-evaluation K for a fixed number of documents (README "Prespecification")."""
+evaluation K for a fixed number of documents (docs/prespecification.md,
+"Fixed by the development stage")."""
 
 from __future__ import annotations
 

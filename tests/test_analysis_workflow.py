@@ -1,8 +1,8 @@
 """The analysis rules run by Snakemake on placed synthetic trajectories (no rollouts): the plan
 and the lock from the development files, then — the evaluation files carrying the lock's hash,
 as the rollout job writes them — document statistics, estimands and prediction; and the
-estimands step stopping when an endpoint changes after the evaluation (README
-"Prespecification")."""
+estimands step stopping when an endpoint changes after the evaluation (docs/prespecification.md,
+"Fixed by the lock")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The development stage comes first and the endpoints are locked (README "Prespecification"):
+"""The development stage comes first and the endpoints are locked (docs/prespecification.md,
+"Prespecification"):
 the lock's content and hash, its refusals, and the order of the jobs in a fresh default. The
 plan's K in real evaluation trajectories is tested with the rollout rules
 (tests/test_workflow_rollout.py), the estimands step stopping when an endpoint changes after

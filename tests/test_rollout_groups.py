@@ -1,5 +1,5 @@
-"""Rollout groups (issue 16, "Adding a method reruns nothing else"; README "Compare your own
-method"): a study's actions split into groups, one evaluation job per group, each with the
+"""Rollout groups (issue 16, "Adding a method reruns nothing else"; docs/compare.md, "Rollout
+groups"): a study's actions split into groups, one evaluation job per group, each with the
 reference stream X. Under common random numbers X and every action's trajectory do not depend
 on which other actions share the job; the groups' config is checked at parse time."""
 

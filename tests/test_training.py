@@ -1,4 +1,4 @@
-"""Training the demo models (kvdiverge.models.training; README "Demo models")."""
+"""Training the demo models (kvdiverge.models.training; docs/models.md, "Training")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """End to end: rules build_demo_model, dev_rollout_<study> and rollout_<study>, with the plan
-and the lock between them (README "Prespecification")."""
+and the lock between them (docs/prespecification.md, "Order of the stages")."""
 
 from __future__ import annotations
 

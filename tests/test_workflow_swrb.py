@@ -1,4 +1,4 @@
-"""End to end under ``rollout.coupling: swrb`` (README "SWRB for language-model rollouts"): the
+"""End to end under ``rollout.coupling: swrb`` (docs/swrb.md, "Switching it on"): the
 development rollouts (shared-reference), plan and lock, the SWRB evaluation job, the SWRB
 estimands table and its divergence CDF figures, on one tiny demo model, one stratum and H = 8.
 The table's values are recomputed here from the raw record files with the closed forms

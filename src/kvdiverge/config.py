@@ -565,7 +565,7 @@ def _check_swrb(config: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"config.studies.{study}.groups: rollout groups need rollout.coupling "
                 "shared-reference or independent; swrb runs a study's actions under its one "
-                'lock (README "SWRB for language-model rollouts")'
+                'lock (docs/swrb.md, "Switching it on")'
             )
 
 

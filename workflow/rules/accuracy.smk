@@ -1,4 +1,5 @@
-# Task accuracy beside divergence (src/kvdiverge/analysis/accuracy.py; README "Task accuracy"):
+# Task accuracy beside divergence (src/kvdiverge/analysis/accuracy.py; docs/analysis.md,
+# "Task accuracy"):
 # every replicate's X and Y generations of the study's evaluation documents scored with their
 # source's metric, per action, by divergence timing, with paired document-bootstrap intervals.
 

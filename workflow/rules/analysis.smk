@@ -1,8 +1,8 @@
-# Section 5 analysis (docs/method.md, "Estimands" to "Sample-size planning"; README "Analysis"
-# and "Prespecification"): the sample-size plan and the lock from the development rollouts
-# (before any evaluation rollout), each later rollout group's amendment lock (README "Compare
-# your own method"), per-document statistics, paired stratified bootstrap estimands and
-# aggregate prediction.
+# Section 5 analysis (docs/method.md, "Estimands" to "Sample-size planning"; docs/analysis.md,
+# "Analysis"; docs/prespecification.md, "Prespecification"): the sample-size plan and the lock from
+# the development rollouts (before any evaluation rollout), each later rollout group's amendment
+# lock (docs/compare.md, "Rollout groups"), per-document statistics, paired stratified bootstrap
+# estimands and aggregate prediction.
 
 
 rule document_stats:

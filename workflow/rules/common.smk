@@ -92,7 +92,7 @@ def final_outputs():
     return out + figures_and_tables_outputs()
 
 
-# ---- Datasets (README "Datasets"): the documents plan is checked at parse time ----------------
+# ---- Datasets (docs/datasets.md, "Datasets"): the documents plan is checked at parse time ----
 from kvdiverge.datasets import DatasetsConfig, stratum_source_paths
 
 DATASETS = DatasetsConfig.from_config(config["datasets"])
@@ -126,7 +126,8 @@ def documents_inputs(wildcards):
     return {"tokenizer": [length_tokenizer_path()] if built else [], "data": paths}
 
 
-# ---- Models and rollouts (README "Rollout engine"): actions and studies checked at parse time --
+# ---- Models and rollouts (docs/configuration.md, "Models", "Actions" and "Studies"): checked
+# at parse time ----------------------------------------------------------------------------
 from kvdiverge.eviction import parse_action
 
 ROLLOUT_ACTIONS = {name: parse_action(spec, name=name) for name, spec in config["actions"].items()}
@@ -219,7 +220,7 @@ def rollout_trajectories(study):
     """The study's trajectory files by action, with {model} and {stratum} left as
     wildcards: the outputs of rollout_<study>, one job per model and stratum. Under
     `rollout.coupling: swrb` its SWRB record files instead, in `swrb/` beside `trajectories/`
-    (README "SWRB for language-model rollouts")."""
+    (docs/swrb.md, "Switching it on")."""
     folder = "swrb" if config["rollout"]["coupling"] == "swrb" else "trajectories"
     return {
         action: results(f"{study}/{{model}}/{folder}/{action}/{{stratum}}.parquet")
@@ -291,7 +292,7 @@ def rollout_script():
 def dev_rollout_coupling():
     """The development rollouts' coupling: `rollout.coupling`, except under `swrb`, whose
     development cohort runs the shared-reference coupled rollouts the sample-size plan reads
-    (README "SWRB for language-model rollouts")."""
+    (docs/swrb.md, "Switching it on")."""
     coupling = config["rollout"]["coupling"]
     return "shared-reference" if coupling == "swrb" else coupling
 
@@ -307,7 +308,8 @@ def dev_rollout_cohorts(study):
     }
 
 
-# ---- Plan, lock and analysis (README "Prespecification", "Analysis") -------------------------
+# ---- Plan, lock and analysis (docs/prespecification.md, "Prespecification";
+# docs/analysis.md, "Analysis") ---------------------------------------------------------------
 from kvdiverge.analysis.prespecification import prespecified, prespecified_group
 
 
@@ -409,7 +411,7 @@ def pinned_K(wildcards):
     return None if K == "plan" else K
 
 
-# ---- Figures and tables (README "Figures and tables"): per-study settings ---------------------
+# ---- Figures and tables (docs/analysis.md, "Figures and tables"): per-study settings ------
 def study_contrasts(study):
     """The study's contrasts [b, a] in the estimands table (analysis.contrasts, else every pair
     of non-control actions, earlier minus later)."""
@@ -477,7 +479,7 @@ def figures_and_tables_outputs():
     return out
 
 
-# ---- SWRB (rollout.coupling: swrb; README "SWRB for language-model rollouts") --------------
+# ---- SWRB (rollout.coupling: swrb; docs/swrb.md, "SWRB for language-model rollouts") -----
 def swrb_record_files(study):
     """The study's evaluation SWRB record files: model → action → stratum → path."""
     return {

@@ -1,4 +1,5 @@
-# Documents of the language-model study (docs/architecture.md, "File contracts"; README "Datasets").
+# Documents of the language-model study (docs/architecture.md, "File contracts";
+# docs/datasets.md, "Datasets").
 
 
 rule materialize_documents:

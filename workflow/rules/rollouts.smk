@@ -1,13 +1,13 @@
-# Coupled rollouts (docs/architecture.md, "Coupled decoding" and "Rollout jobs"), in two stages
-# per study (README "Prespecification"): dev_rollout_<study> runs the development cohort, from
-# which plan_sample_sizes and prespecify (workflow/rules/analysis.smk) write the study's plan and
-# lock; rollout_<study> then runs the evaluation cohort with the lock's replicates. Each job, one
-# per (model, stratum), loads the model once, prefills each document once and writes the
-# trajectory file of every action of the study (under rollout.coupling: swrb, its SWRB record
-# file: README "SWRB for language-model rollouts"). A study split into rollout groups
-# (studies.<s>.groups; README "Compare your own method") runs those two rules for its first
-# group, and for each later group rollout_<study>_<group> under the group's amendment lock
-# (rule prespecify_group), with the same reference stream X.
+# Coupled rollouts (docs/architecture.md, "Coupled decoding" and "Rollout jobs"), in two stages per
+# study (docs/prespecification.md, "Order of the stages"): dev_rollout_<study> runs the development
+# cohort, from which plan_sample_sizes and prespecify (workflow/rules/analysis.smk) write the
+# study's plan and lock; rollout_<study> then runs the evaluation cohort with the lock's replicates.
+# Each job, one per (model, stratum), loads the model once, prefills each document once and writes
+# the trajectory file of every action of the study (under rollout.coupling: swrb, its SWRB record
+# file: docs/swrb.md, "Switching it on"). A study split into rollout groups (studies.<s>.groups;
+# docs/compare.md, "Rollout groups") runs those two rules for its first group, and for each later
+# group rollout_<study>_<group> under the group's amendment lock (rule prespecify_group), with the
+# same reference stream X.
 
 
 for study in config["studies"]:

@@ -1,5 +1,5 @@
 # SWRB analysis under rollout.coupling: swrb (docs/method.md, "Survival-weighted residual
-# branching"; README "SWRB for language-model rollouts"): rollout_<study> writes one SWRB record
+# branching"; docs/swrb.md, "Switching it on"): rollout_<study> writes one SWRB record
 # file per (model, action, stratum) in <study>/<model>/swrb/; swrb_estimands turns a study's
 # files into its estimands table (the layout of estimands.csv, with the stratified document
 # bootstrap paired across actions) and swrb_figures draws its smooth divergence CDF.

@@ -1,6 +1,6 @@
 """Rule dev_rollout_<study>: the development cohort's coupled rollouts of a stratum under every
 action of the study, one trajectory file per action (docs/architecture.md, "Rollout jobs"),
-before the study's plan and lock (README "Prespecification")."""
+before the study's plan and lock (docs/prespecification.md, "Order of the stages")."""
 
 import sys
 

@@ -1,5 +1,5 @@
 """Rule prespecify: the study's lock from the config and its plan, before any evaluation
-rollout (README "Prespecification")."""
+rollout (docs/prespecification.md, "Fixed by the lock")."""
 
 import json
 

@@ -1,5 +1,5 @@
 """Rule prespecify_group: a later rollout group's amendment lock from the config and the study's
-lock, before the group's evaluation rollouts (README "Compare your own method")."""
+lock, before the group's evaluation rollouts (docs/compare.md, "Rollout groups")."""
 
 from kvdiverge.pipeline.logs import job_log
 

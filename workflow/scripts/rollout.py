@@ -1,7 +1,7 @@
 """Rule rollout_<study>: the evaluation cohort's coupled rollouts of a stratum under every action
 of the study, one trajectory file per action (docs/architecture.md, "Rollout jobs"). The
 replicates come from the study's lock, written before any evaluation rollout, and every file
-carries the lock's hash (README "Prespecification")."""
+carries the lock's hash (docs/prespecification.md, "Fixed by the lock")."""
 
 import sys
 

@@ -1,6 +1,6 @@
 """Rule swrb_estimands (``rollout.coupling: swrb``): a study's SWRB estimands from its record
 files, in the layout of estimands.csv, with the stratified document bootstrap paired across
-actions (README "SWRB for language-model rollouts")."""
+actions (docs/swrb.md, "Switching it on")."""
 
 from kvdiverge.pipeline.logs import job_log
 

@@ -1,8 +1,8 @@
 """Rule rollout_<study> under ``rollout.coupling: swrb``: the evaluation cohort's SWRB
 replicates of a stratum under every action of the study, one SWRB record file per action
-(kvdiverge.engine.swrb_job; README "SWRB for language-model rollouts"). The replicates come from the
+(kvdiverge.engine.swrb_job; docs/swrb.md, "Switching it on"). The replicates come from the
 study's lock, written before any evaluation rollout, and every file carries the lock's hash
-(README "Prespecification")."""
+(docs/prespecification.md, "Fixed by the lock")."""
 
 import sys
 

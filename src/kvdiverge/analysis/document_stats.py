@@ -361,7 +361,7 @@ def document_stats(
     keyword arguments of :meth:`Clock.for_horizon`. Every non-control action must cover the
     same documents; the control may cover more (it runs every document). ``development``: the
     actions that ran the development cohort ``dev`` (default: every action); the others (a
-    study's later rollout groups, README "Compare your own method") must cover the same
+    study's later rollout groups, docs/compare.md, "Rollout groups") must cover the same
     documents outside it.
 
     Errors (one line naming the file): a missing column or wrong type, a broken file contract

@@ -1,4 +1,4 @@
-"""Rollout groups of a study (README "Compare your own method"): which of its actions share an
+"""Rollout groups of a study (docs/compare.md, "Rollout groups"): which of its actions share an
 evaluation job, and which group each action belongs to.
 
 A study's ``groups`` (config ``studies.<study>.groups``) split its actions; without them the
@@ -23,8 +23,8 @@ def study_groups(config: Mapping[str, Any], study: str) -> dict[str, list[str]]:
     """The study's rollout groups in config order, group name → its actions (in the study's
     action order): ``studies.<study>.groups``, else one group :data:`FIRST_GROUP` holding every
     action. Each group's actions run in one evaluation job per model and stratum; the first
-    group's development rollouts plan the study's K and its lock is the study's lock (README
-    "Compare your own method")."""
+    group's development rollouts plan the study's K and its lock is the study's lock
+    (docs/compare.md, "Rollout groups")."""
     spec = config["studies"][study]
     groups = spec.get("groups") or {FIRST_GROUP: list(spec["actions"])}
     return {

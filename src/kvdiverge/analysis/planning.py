@@ -1,5 +1,5 @@
 """Evaluation sample sizes from the development rollouts (`docs/method.md`, "Sample-size
-planning"; README "Prespecification").
+planning"; `docs/prespecification.md`, "Fixed by the development stage").
 
 For one action, a document's replicate-averaged token-mismatch fraction has variance
 σ_b² + σ_w²/K: between-document variance σ_b² of the true document means (pooled within strata,
@@ -42,8 +42,8 @@ pairs, so that every action runs the same replicates of the same documents (pair
 share the reference paths), unless the config pins K.
 
 This module imports no other analysis module on purpose: a change to its code re-plans, and a
-new plan re-locks the study and reruns its evaluation rollouts (README "Prespecification"), so
-nothing but planning code may change the plan.
+new plan re-locks the study and reruns its evaluation rollouts (`docs/prespecification.md`,
+"Changing it honestly"), so nothing but planning code may change the plan.
 """
 
 from __future__ import annotations

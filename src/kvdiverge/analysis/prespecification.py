@@ -1,5 +1,5 @@
-"""The prespecification lock: what a study fixes before any evaluation rollout runs (README
-"Prespecification"; `docs/architecture.md`, "File contracts").
+"""The prespecification lock: what a study fixes before any evaluation rollout runs
+(`docs/prespecification.md`, "Prespecification"; `docs/architecture.md`, "File contracts").
 
 A study's lock (``results/{study}/lock.json``) is written from the config and the study's
 sample-size plan (:mod:`kvdiverge.analysis.planning`, made from the development rollouts alone)

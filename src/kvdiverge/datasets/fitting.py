@@ -4,7 +4,7 @@ A *length function* maps a prompt (the user message) to its tokenized length ``n
 length model's chat template (``n`` is the tokenized prompt length; `docs/method.md`, "The
 language-model study"). Every document must satisfy ``n + reserve <= target_tokens``, RULER's
 budget rule with the generation horizon H as the reserve; HELMET truncates its context to the
-same budget (README "Datasets").
+same budget (docs/datasets.md, "Datasets").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HELMET's RAG and Cite datasets (README "Datasets").
+"""HELMET's RAG and Cite datasets (docs/datasets.md, "HELMET").
 
 Reads HELMET's own files (princeton-nlp/HELMET data.py ``load_qa`` and ``load_alce``): the KILT
 JSONL files (question, answers, ctxs; K passages per length) with their k3 demo files, and the

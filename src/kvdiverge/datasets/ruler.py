@@ -1,10 +1,10 @@
 """RULER's 13 synthetic tasks (`docs/method.md`, "The language-model study";
-README "Datasets").
+`docs/datasets.md`, "RULER").
 
 Templates, needle formats, key and value types, haystacks and answer extraction follow RULER
 (NVIDIA/RULER, scripts/data/synthetic/constants.py, niah.py, variable_tracking.py,
 common_words_extraction.py, freq_words_extraction.py, qa.py, and scripts/synthetic.yaml).
-Differences forced by this project, all documented in README "Datasets":
+Differences forced by this project, all documented in `docs/datasets.md`, "RULER":
 
 - the prompt is the user message: RULER's answer prefix is appended to it (RULER puts it after
   the chat wrapper's assistant header; the documents contract applies the chat template per

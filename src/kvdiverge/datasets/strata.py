@@ -91,7 +91,7 @@ class DocumentSlot:
 
 @dataclass(frozen=True)
 class DatasetsConfig:
-    """The validated ``datasets:`` config section (README "Datasets")."""
+    """The validated ``datasets:`` config section (docs/datasets.md, "Config")."""
 
     strata: tuple[Stratum, ...]
     cohorts: dict[str, int]

@@ -2,7 +2,7 @@
 handling, a synthetic prose haystack, and the synthetic-data marker.
 
 RULER splits its essay haystack into sentences with NLTK's punkt model
-(README "Datasets"), whose data cannot be downloaded here; :func:`split_sentences` is a
+(docs/datasets.md, "RULER"), whose data cannot be downloaded here; :func:`split_sentences` is a
 rule-based splitter with the same contract (a list of sentences whose ``" ".join`` restores the
 whitespace-collapsed text).
 """
@@ -99,7 +99,7 @@ def synthetic_prose(n_sentences: int, seed: int, words: dict[str, list[str]]) ->
     """Deterministic synthetic English-like prose of ``n_sentences`` sentences.
 
     The essay haystack of RULER's essay tasks when no essay folder is configured
-    (README "Datasets"). ``words`` holds ``adjectives``, ``nouns`` and ``verbs`` (e.g.
+    (docs/datasets.md, "RULER"). ``words`` holds ``adjectives``, ``nouns`` and ``verbs`` (e.g.
     wonderwords' lists); sentences follow a few fixed patterns, grouped into paragraphs of
     about six sentences separated by blank lines.
     """

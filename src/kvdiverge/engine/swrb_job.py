@@ -107,9 +107,9 @@ def run_swrb_job(
     ``model``: ``path`` (a local folder) and optionally ``name``, ``dtype``, ``revision``,
     ``trust_remote_code``;
     ``out_paths``, ``actions`` (spec dicts) and ``cohorts`` are keyed by action name;
-    ``metadata``: extra keys for every file (the pipeline's ``lock`` hash, README
-    "Prespecification"); they may not replace the keys above; ``max_batch_rows``: rows per
-    scan call (:func:`swrb_documents_actions`).
+    ``metadata``: extra keys for every file (the pipeline's ``lock`` hash,
+    docs/prespecification.md, "Fixed by the lock"); they may not replace the keys above;
+    ``max_batch_rows``: rows per scan call (:func:`swrb_documents_actions`).
 
     Before any work, the model and every document are checked as in a trajectory rollout job
     (:func:`kvdiverge.engine.rollout_job.load_checked_job`: one line naming the config field, the

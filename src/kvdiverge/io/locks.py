@@ -1,4 +1,4 @@
-"""Lock files (``docs/analysis.md``, "Prespecification"): a study's registered design and
+"""Lock files (``docs/prespecification.md``, "Prespecification"): a study's registered design and
 endpoints, hashed, written before any evaluation rollout and read back checked by every job
 that relies on them. What goes into a lock is :mod:`kvdiverge.analysis.prespecification`'s; this
 module only reads and writes the file, so a rollout job reaches no analysis code."""
@@ -31,7 +31,7 @@ AMENDMENT_FIELDS = ("study", "group", "study_lock", "design", "endpoints")
 
 _RERUN = (
     "rerun the workflow to re-lock and roll out the evaluation cohort again "
-    '(README, "Prespecification")'
+    '(docs/prespecification.md, "Prespecification")'
 )
 
 

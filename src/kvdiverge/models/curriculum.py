@@ -34,7 +34,8 @@ class Stage:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Training settings of a demo model (config ``models.<name>.train``; README "Demo models").
+    """Training settings of a demo model (config ``models.<name>.train``;
+    docs/models.md, "Training").
 
     ``stages``: the curriculum; ``batch_tokens``: tokens per optimizer step (batch size is
     ``batch_tokens // max_tokens``); ``lr``/``warmup_steps``/``weight_decay``: AdamW with linear

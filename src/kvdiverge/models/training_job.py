@@ -18,7 +18,7 @@ def train_demo_model_job(
     out_dir: str | os.PathLike, params: Any, log_path: str | os.PathLike, threads: int
 ) -> Path:
     """Train ``params.kind`` into ``out_dir`` with ``params.train`` and ``params.seed``, logging
-    progress to ``log_path`` (README "Demo models").
+    progress to ``log_path`` (docs/models.md, "Training").
 
     The rule calls this from a ``run:`` block rather than a ``script:``: Snakemake reruns a
     script job whose outputs are older than the script file, and in a fresh clone git writes

@@ -1,4 +1,4 @@
-"""The HTML report built after a complete run of the workflow (README "The report").
+"""The HTML report built after a complete run of the workflow (docs/running.md, "The report").
 
 Snakemake builds a report only from a finished run, in a second invocation
 (``snakemake --report``). The workflow's ``onsuccess`` handler calls :func:`build_report` after

@@ -1,5 +1,5 @@
-"""Table A: task accuracy beside divergence, per model and action (README "Task
-accuracy")."""
+"""Table A: task accuracy beside divergence, per model and action (docs/analysis.md,
+"Task accuracy")."""
 
 from __future__ import annotations
 

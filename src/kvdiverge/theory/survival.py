@@ -1,4 +1,5 @@
-"""SWRB's survival weights (``docs/method.md``, "SWRB"): the law of the branch point along a scan.
+"""SWRB's survival weights (``docs/method.md``, "Survival-weighted residual branching"): the law
+of the branch point along a scan.
 
 Numpy only, shared by the finite-state SWRB estimator, the language-model SWRB rollouts and
 their analysis.
