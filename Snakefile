@@ -3,7 +3,19 @@
 # The pipeline is read from workflow/rules/: one file per stage.
 
 
-configfile: "config.yaml"
+# The default config, config.yaml, unless config files replace it (--configfile with
+# --replace-workflow-config). A cluster job is given the config files but never
+# --replace-workflow-config, and reads only those files; so config files that extend config.yaml
+# reach the jobs after config.yaml itself (docs/running.md, "Running on a SLURM cluster").
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
+
+elif workflow.is_main_process and not workflow.config_settings.replace_workflow_config:
+
+    configfile: "config.yaml"
+
+    workflow.config_settings.configfiles.insert(0, Path("config.yaml").absolute())
 
 
 report: "workflow/report/workflow.rst"
