@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvdiverge.eviction.budgets import ActionError
+from kvdiverge.eviction.contract import check_scores
 from kvdiverge.eviction.selectors import ScoredSelector, _check_budget_field, register_selector
 
 if TYPE_CHECKING:
@@ -312,6 +313,8 @@ class KvpressSelector(ScoredSelector):
         except AssertionError as exc:
             reason = " ".join(str(exc).split()) or "assertion failed"
             raise ActionError(f"action {action.name!r}: {self.press}.score: {reason}") from exc
+        if kind != _SCORED:  # the ragged kinds use the scores here (ScoredSelector checks the rest)
+            check_scores(scores[0], action, layer.layer, layer.keys.shape[1], n)
         if kind == _PYRAMID:
             return scores[0], int(press.get_layer_budget(layer.module, n))
         if kind == _ADAKV:
@@ -320,6 +323,17 @@ class KvpressSelector(ScoredSelector):
 
     def score(self, prefill: Prefill, action: ActionSpec, layer: int) -> torch.Tensor:
         return prefill.observed[action.name][layer]
+
+    def kept_per_layer(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> list[int] | None:
+        """Ragged kinds: AdaKV keeps ``H_kv · n_keep`` entries per layer; PyramidKV keeps its
+        layer budget (``get_layer_budget``, at most n) in each KV head of the layer."""
+        kind = self._built()[1]
+        n_kv, n = prefill.keys[0].shape[0], prefill.n
+        if kind == _ADAKV:
+            return [n_kv * n_keep] * len(prefill.keys)
+        if kind == _PYRAMID:
+            return [n_kv * min(count, n) for _, count in prefill.observed[action.name]]
+        return None
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
         kind = self._built()[1]

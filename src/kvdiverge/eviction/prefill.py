@@ -41,7 +41,8 @@ class Prefill:
     ``last_logits``: (V,) next-token logits after the prompt (the first generated token's law,
     shared by the reference and every intervention, so δ_1 = 0). ``observed[action name][l]``:
     what the action's selector recorded from layer l during the prefill
-    (:meth:`Selector.observe`).
+    (:meth:`Selector.observe`). ``verified``: the digest (:meth:`digest`) last shown unchanged
+    after a selector (:func:`kvdiverge.eviction.select_positions`), None before the first.
     """
 
     keys: list[torch.Tensor]
@@ -52,3 +53,51 @@ class Prefill:
     num_key_value_groups: int
     head_dim: int
     observed: dict[str, list[Any]] = field(default_factory=dict)
+    verified: Any = field(default=None, repr=False, compare=False)
+
+    def digest(self) -> torch.Tensor:
+        """A cheap digest of what every action reads (keys, values, window queries, logits and
+        the sizes), to show that a selector left the prefill as it was
+        (:func:`kvdiverge.eviction.contract.check_unchanged`).
+
+        Per tensor, its bits read as integers are summed per row (last dimension) and the row
+        sums combined with and without position weights: any change of a value, and rows
+        exchanged, change it; one pass over the data, no copy of it (about 70 ms for
+        SmolLM2-135M's float32 cache of a 4096-token prompt on one CPU thread).
+        """
+        import torch
+
+        tensors = [*self.keys, *self.values, *self.window_queries, self.last_logits]
+        device = self.last_logits.device
+        sizes = [self.n, self.num_key_value_groups, self.head_dim, len(self.keys)]
+        sizes += [len(self.values), len(self.window_queries)]
+        parts = [torch.tensor(sizes, dtype=torch.int64, device=device)]
+        for t in tensors:
+            parts.append(_tensor_digest(t).to(device))
+        return torch.cat(parts)
+
+
+_INTEGER_VIEWS = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _tensor_digest(t: torch.Tensor) -> torch.Tensor:
+    """(4,) int64: shape-independent size, numel, and the plain and position-weighted sums of
+    the per-row sums of ``t``'s bits (integer wrap-around is deterministic)."""
+    import torch
+
+    t = t.detach()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    bits = t.view(getattr(torch, _INTEGER_VIEWS[t.element_size()]))
+    rows = bits.reshape(-1, t.shape[-1]).sum(dim=-1, dtype=torch.int64)
+    weights = torch.arange(1, rows.numel() + 1, dtype=torch.int64, device=rows.device)
+    return torch.stack(
+        [
+            torch.tensor(t.dim(), device=rows.device),
+            torch.tensor(t.numel(), device=rows.device),
+            rows.sum(),
+            (rows * weights).sum(),
+        ]
+    )

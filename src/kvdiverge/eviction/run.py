@@ -9,7 +9,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvdiverge.eviction.budgets import ActionError
-from kvdiverge.eviction.prefill import LayerInputs, Prefill
+from kvdiverge.eviction.contract import (
+    check_unchanged,
+    checked_n_keep,
+    checked_positions,
+    user_call,
+)
+from kvdiverge.eviction.prefill import LayerInputs, Prefill, _tensor_digest
 from kvdiverge.eviction.selectors import ActionSpec, _as_action
 
 if typing.TYPE_CHECKING:
@@ -66,14 +72,20 @@ def _run_prefill(
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=device).reshape(1, -1)
     n = ids.shape[1]
     specs = [_as_action(a) for a in actions]
-    query_window = max([query_window, *(a.method.query_window(a) for a in specs)])
+    windows = [user_call(a, "query_window", a.method.query_window, a) for a in specs]
+    for a, size in zip(specs, windows, strict=True):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ActionError(
+                f"action {a.name!r}: query_window returned {size!r}; expected an integer >= 0"
+            )
+    query_window = max([query_window, *windows])
     attns = _attention_modules(model)
     observers: list[tuple[ActionSpec, int]] = []
     for a in specs:
-        n_keep = a.n_keep(n)
+        n_keep = checked_n_keep(a, n)
         if a.method.observes and n_keep < n:
-            a.method.check(a, n, n_keep)
-            a.method.prepare(model, a)
+            user_call(a, "check", a.method.check, a, n, n_keep)
+            user_call(a, "prepare", a.method.prepare, model, a)
             observers.append((a, n_keep))
     captured: dict[int, torch.Tensor] = {}
     observed: dict[str, list[Any]] = {a.name: [None] * len(attns) for a, _ in observers}
@@ -109,8 +121,19 @@ def _run_prefill(
                 inputs = LayerInputs(
                     idx, module, hidden, cache.keys, cache.values, attentions, kwargs
                 )
+                shared = [cache.keys, cache.values, *kwargs.get("position_embeddings", ())]
+                before = [_tensor_digest(t) for t in shared]
                 for action, n_keep in observers:
-                    observed[action.name][idx] = action.method.observe(action, inputs, n_keep)
+                    method = action.method
+                    found = user_call(action, "observe", method.observe, action, inputs, n_keep)
+                    after = [_tensor_digest(t) for t in shared]
+                    if not all(map(torch.equal, before, after)):
+                        raise ActionError(
+                            f"action {action.name!r}: observe changed layer {idx}'s keys, "
+                            "values or position embeddings during the prefill; a selector "
+                            "must not modify what the model and every other action read"
+                        )
+                    observed[action.name][idx] = found
 
             return hook
 
@@ -150,19 +173,29 @@ def kept_counts(kept: torch.Tensor) -> torch.Tensor:
 
 def select_positions(prefill: Prefill, action: ActionSpec | Mapping[str, Any]) -> torch.Tensor:
     """Kept prompt positions (L, H_kv, n_keep), ascending per head, from a prefill (ragged
-    selectors: padded at the end with −1)."""
+    selectors: padded at the end with −1).
+
+    The selector's output is checked against the contract before anything decodes it, and the
+    prefill is shown unchanged by the selector (:mod:`kvdiverge.eviction.contract`); each
+    violation, and any exception of the selector's own code, is one :class:`ActionError` line
+    naming the action and the selector."""
     action = _as_action(action)
     n = prefill.n
-    n_keep = action.n_keep(n)
+    n_keep = checked_n_keep(action, n)
     if n_keep >= n:
         return _all_positions(prefill, n)
-    action.method.check(action, n, n_keep)
-    if action.method.observes and action.name not in prefill.observed:
+    method = action.method
+    user_call(action, "check", method.check, action, n, n_keep)
+    if method.observes and action.name not in prefill.observed:
         raise ActionError(
             f"action {action.name!r}: the prefill did not observe this action "
             "(pass it to run_prefill(..., actions=...))"
         )
-    return action.method.positions(prefill, action, n_keep)
+    before = prefill.verified if prefill.verified is not None else prefill.digest()
+    kept = user_call(action, "positions", method.positions, prefill, action, n_keep)
+    per_layer = user_call(action, "kept_per_layer", method.kept_per_layer, prefill, action, n_keep)
+    prefill.verified = check_unchanged(prefill, before, action, "positions")
+    return checked_positions(kept, prefill, action, n_keep, per_layer)
 
 
 def kept_positions(

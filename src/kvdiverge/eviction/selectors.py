@@ -16,6 +16,7 @@ if typing.TYPE_CHECKING:  # torch is imported where it runs: parsing a config do
     import torch
 
 from kvdiverge.eviction.budgets import ActionError, _budget_value, budget_tokens
+from kvdiverge.eviction.contract import check_scores, selector_label, user_call
 
 if typing.TYPE_CHECKING:
     from kvdiverge.eviction.prefill import LayerInputs, Prefill
@@ -68,8 +69,21 @@ class Selector:
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
         """Kept positions (L, H_kv, n_keep), ascending per head; only called when n_keep < n.
-        Ragged sets: (L, H_kv, m), each head ascending and padded at the end with −1."""
+        Ragged sets: (L, H_kv, m), each head ascending and padded at the end with −1.
+
+        Checked before any decoding (:mod:`kvdiverge.eviction.contract`): an integer tensor,
+        positions in [0, n), distinct per layer and KV head, exactly ``n_keep`` per head (or the
+        ragged counts of :meth:`kept_per_layer`), and the prefill left unchanged: it is shared
+        by every action, so copy a tensor before changing it."""
         raise NotImplementedError
+
+    def kept_per_layer(
+        self, prefill: Prefill, action: ActionSpec, n_keep: int
+    ) -> Sequence[int] | None:
+        """A ragged selector's declaration: how many entries each layer keeps over all its KV
+        heads, which its :meth:`positions` must return exactly. ``None`` (the default): not
+        ragged, every layer and KV head keeps exactly ``n_keep``."""
+        return None
 
 
 class ScoredSelector(Selector):
@@ -95,18 +109,37 @@ class ScoredSelector(Selector):
 
         n = prefill.n
         device = prefill.keys[0].device
-        always = torch.as_tensor(self.always_kept(n), dtype=torch.long, device=device)
+        n_kv = prefill.keys[0].shape[0]
+        listed = user_call(action, "always_kept", self.always_kept, n)
+        always = torch.as_tensor(listed, device=device).reshape(-1)
+        if always.numel() and not _always_kept_ok(always, n, n_keep):
+            raise ActionError(
+                f"action {action.name!r}: {selector_label(action)}: always_kept returned "
+                f"{always.tolist()[:8]}; expected at most {n_keep} distinct integer positions "
+                f"in [0, {n})"
+            )
+        always = always.long()
         rest = torch.ones(n, dtype=torch.bool, device=device)
         rest[always] = False
         out = []
         for layer in range(len(prefill.keys)):
-            scores = self.score(prefill, action, layer)
+            scores = user_call(action, "score", self.score, prefill, action, layer)
+            check_scores(scores, action, layer, n_kv, n)
             if always.numel():
                 top = scores[:, rest].max().item() + 1 if bool(rest.any()) else 1.0
                 scores = scores.clone()
                 scores[:, always] = top
             out.append(scores.topk(n_keep, dim=-1).indices.sort(dim=-1).values)
         return torch.stack(out)
+
+
+def _always_kept_ok(always: torch.Tensor, n: int, n_keep: int) -> bool:
+    import torch
+
+    if always.dtype.is_floating_point or always.dtype.is_complex or always.dtype == torch.bool:
+        return False
+    inside = bool(((always >= 0) & (always < n)).all())
+    return inside and always.unique().numel() == always.numel() <= n_keep
 
 
 def _check_budget_field(action: ActionSpec, where: str) -> None:
@@ -290,7 +323,14 @@ def parse_action(spec: Mapping[str, Any], name: str | None = None) -> ActionSpec
     params = {k: v for k, v in spec.items() if k not in ("name", "selector", "budget")}
     method = _build_selector(cls, params, where)
     action = ActionSpec(name=name, selector=selector, budget=spec.get("budget"), method=method)
-    method.validate(action, where)
+    try:
+        method.validate(action, where)
+    except ActionError:
+        raise
+    except Exception as exc:  # the selector's own code, in one line (traceback chained)
+        text = " ".join(str(exc).split())
+        reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        raise ActionError(f"{where}: selector {selector!r}: validate raised {reason}") from exc
     return action
 
 
