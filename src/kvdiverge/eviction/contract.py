@@ -37,7 +37,9 @@ if typing.TYPE_CHECKING:  # torch is imported where it runs: parsing a config do
     import torch
 
     from kvdiverge.eviction.prefill import Prefill
-    from kvdiverge.eviction.selectors import ActionSpec
+
+# an action is a kvdiverge.eviction.selectors.ActionSpec (which imports this module)
+ActionSpec = Any
 
 __all__ = [
     "check_scores",
