@@ -20,7 +20,12 @@ from kvdiverge.analysis.planning import (
     study_plan,
     variance_components,
 )
-from kvdiverge.io.trajectories import TRAJECTORY_SCHEMA, write_trajectories
+from kvdiverge.io.trajectories import (
+    TRAJECTORY_SCHEMA,
+    read_trajectories,
+    read_trajectory_metadata,
+    write_trajectories,
+)
 
 
 def _dev_stats(sigma_b: float, sigma_w: float, n_docs: int, K: int, seed: int) -> pl.DataFrame:
@@ -89,7 +94,7 @@ def test_optimal_design_is_least_cost_and_reaches_the_target(sb2, sw2, c_doc, c_
     assert design["half_width"] <= 0.01 + 1e-12
     assert design["n_docs"] % 6 == 0
     brute = _brute_force(sb2, sw2, c_doc, c_rep, 0.01, z, 6, max_k=1024)
-    assert design["cost_seconds"] <= brute + 1e-9
+    assert design["cost"] <= brute + 1e-9
 
 
 def test_evaluation_replicates_is_the_smallest_K_reaching_the_target():
@@ -105,9 +110,11 @@ def test_evaluation_replicates_is_the_smallest_K_reaching_the_target():
 H = 16
 
 
-def _dev_file(path, stratum: str, mus, K: int, seed: int, timing: dict | None) -> list:
+def _dev_file(
+    path, stratum: str, mus, K: int, seed: int, timing: dict | None, n_prompt: int = 10
+) -> list:
     """A development trajectory file of documents with per-step mismatch probabilities ``mus``
-    (K paths each, H steps); returns each path's D_H by document."""
+    (K paths each, H steps, ``n_prompt`` prompt tokens); returns each path's D_H by document."""
     rng = np.random.default_rng(seed)
     rows, paths = [], []
     for i, mu in enumerate(mus):
@@ -126,8 +133,8 @@ def _dev_file(path, stratum: str, mus, K: int, seed: int, timing: dict | None) -
         tv_fixed=pl.lit(0.0),
         x_eos=pl.lit(False),
         y_eos=pl.lit(False),
-        n_prompt=pl.lit(10),
-        n_kept=pl.lit(5),
+        n_prompt=pl.lit(n_prompt),
+        n_kept=pl.lit(max(1, n_prompt // 2)),
     )
     meta = {
         "model": "m", "revision": None, "action": {"name": "a"}, "H": H, "K": {"dev": K},
@@ -149,9 +156,10 @@ def test_development_moments_are_the_replicate_means_of_d_and_d_squared(tmp_path
     assert np.allclose(got["mismatch_sq"], [(p**2).mean() for p in paths])
 
 
-def _study_files(tmp_path, c_doc: float, c_rep: dict[str, float], mus=None, K=4) -> dict:
+def _study_files(tmp_path, n_prompt: int, seconds: float = 1.0, mus=None, K=4) -> dict:
     """Development files of model m, actions snap/recent/full and strata s1, s2, with
-    seconds = docs·c_doc and paths·c_rep[action]."""
+    ``n_prompt`` prompt tokens per document and measured seconds = docs·20·``seconds`` and
+    paths·0.05·``seconds``."""
     mus = mus or {"s1": [0.1, 0.3, 0.5, 0.2], "s2": [0.6, 0.4, 0.8, 0.7]}
     files = {}
     for a, action in enumerate(["snap", "recent", "full"]):
@@ -160,24 +168,35 @@ def _study_files(tmp_path, c_doc: float, c_rep: dict[str, float], mus=None, K=4)
             timing = {
                 "documents": len(values),
                 "paths": len(values) * k,
-                "prefill_seconds": 0.75 * len(values) * c_doc,
-                "selection_seconds": 0.25 * len(values) * c_doc,
-                "decode_seconds": len(values) * k * c_rep[action],
+                "prefill_seconds": 15.0 * len(values) * seconds,
+                "selection_seconds": 5.0 * len(values) * seconds,
+                "decode_seconds": 0.05 * len(values) * k * seconds,
             }
             path = tmp_path / f"{action}-{stratum}.parquet"
             values = [0.0] * len(values) if action == "full" else values
-            _dev_file(path, stratum, values, k, 10 * a + len(files), timing)
+            _dev_file(path, stratum, values, k, 10 * a + len(files), timing, n_prompt)
             files[("m", action, stratum)] = path
     return files
 
 
+def _row_steps(path) -> float:
+    """2H + (H − τ)+ averaged over a file's paths, computed from its rows."""
+    frame = pl.read_parquet(path).sort("doc_id", "replicate", "t")
+    tau = frame.group_by("doc_id", "replicate").agg(
+        tau=pl.when(pl.col("mismatch").any())
+        .then(pl.col("t").filter(pl.col("mismatch")).min())
+        .otherwise(H + 1)
+    )
+    return float((2 * H + (H - tau["tau"]).clip(0, None)).mean())
+
+
 def test_study_plan_reads_everything_from_the_development_files(tmp_path):
-    """c_doc and c_rep come from each action's own timing metadata and the variances from the
-    files' rows; with documents expensive and replicates cheap the least-cost design runs many
-    replicates per document, near K* = sqrt(c_doc σ_w² / (c_rep σ_b²)); the study's K is the
-    largest K the pairs need, and every pair reports its design at that K."""
-    c_doc, c_rep = 20.0, {"snap": 0.05, "recent": 0.02, "full": 0.01}
-    files = _study_files(tmp_path, c_doc, c_rep)
+    """c_doc (prompt tokens) and c_rep (row-steps per replicate) come from each action's own
+    rows, and so do the variances; with documents expensive and replicates cheap the
+    least-cost design runs many replicates per document, near K* = sqrt(c_doc σ_w² / (c_rep
+    σ_b²)); the study's K is the largest K the pairs need, every pair reports its design at
+    that K, and the measured seconds are kept beside, unused."""
+    files = _study_files(tmp_path, n_prompt=4000)
     plan = study_plan(
         files,
         actions=["snap", "recent", "full"],
@@ -188,30 +207,39 @@ def test_study_plan_reads_everything_from_the_development_files(tmp_path):
         max_K=64,
     )
     assert [e["action"] for e in plan["plans"]] == ["snap", "recent"]
+    assert {e["estimand"] for e in plan["plans"]} == {"R_smc"} and plan["level"] == 0.95
     assert plan["strata"] == ["s1", "s2"] and plan["K_source"] == "plan"
+    assert plan["cost_units"] == "tokens"
     for entry in plan["plans"]:
         action = entry["action"]
         rows = pl.concat([development_moments(files[("m", action, s)], s) for s in ("s1", "s2")])
         assert entry["sigma_within2"] == pytest.approx(variance_components(rows)["sigma_within2"])
         assert entry["K_dev"] == 4
-        assert entry["c_doc"] == pytest.approx(c_doc)
-        assert entry["c_rep"] == pytest.approx(c_rep[action])
+        assert entry["c_doc"] == 4000
+        steps = [_row_steps(files[("m", action, s)]) for s in ("s1", "s2")]
+        assert entry["c_rep"] == pytest.approx(sum(steps) / 2)  # equal paths per stratum
         if entry["sigma_between2"] > 0:
-            ratio = c_doc * entry["sigma_within2"] / (c_rep[action] * entry["sigma_between2"])
+            ratio = entry["c_doc"] * entry["sigma_within2"]
+            ratio /= entry["c_rep"] * entry["sigma_between2"]
             assert entry["K_continuous"] == pytest.approx(math.sqrt(ratio))
         assert entry["K_needed"] == evaluation_replicates(
             entry["sigma_between2"], entry["sigma_within2"], 800, 0.02, max_K=64
         )
         evaluation = entry["evaluation"]
         assert evaluation["K"] == plan["K"] and evaluation["n_docs"] == 800
-        assert evaluation["cost_seconds"] == pytest.approx(
-            800 * (c_doc + plan["K"] * c_rep[action])
+        assert evaluation["cost"] == pytest.approx(
+            800 * (entry["c_doc"] + plan["K"] * entry["c_rep"])
         )
     assert (
         plan["K"]
         == plan["K_planned"]
         == max(e["K_needed"] if e["K_needed"] is not None else e["K"] for e in plan["plans"])
     )
+    binding = plan["binding"]
+    assert binding["K"] == plan["K_planned"] and binding["estimand"] == "R_smc"
+    measured = {(m["model"], m["action"]): m["seconds"] for m in plan["measured"]["pairs"]}
+    assert measured[("m", "snap")] == pytest.approx({"c_doc": 20.0, "c_rep": 0.05})
+    assert plan["measured"]["used"] is False
     if all(e["evaluation"]["half_width"] <= 0.02 for e in plan["plans"]):
         assert plan["notes"] == []
     del files[("m", "recent", "s2")]
@@ -224,11 +252,58 @@ def test_study_plan_reads_everything_from_the_development_files(tmp_path):
         )  # fmt: skip
 
 
+def _rescale_timing(path, factor: float) -> None:
+    """Rewrite a trajectory file with its measured seconds multiplied by ``factor``."""
+    frame, meta = read_trajectories(path), read_trajectory_metadata(path)
+    timing = dict(meta["timing"])
+    for key in ("prefill_seconds", "selection_seconds", "decode_seconds"):
+        timing[key] *= factor
+    write_trajectories(frame, path, {**meta, "timing": timing})
+
+
+def test_scaling_the_recorded_timings_changes_no_planned_K(tmp_path):
+    """Issue 27 item 5: the cost model counts tokens and row-steps, so a machine 1.6 times
+    slower (every recorded second × 1.6) plans the same design; only the seconds kept for
+    information change."""
+    files = _study_files(tmp_path, n_prompt=4000)
+    common = dict(
+        actions=["snap", "recent", "full"], control="full", documents_per_stratum=2,
+        cohort="study2", half_width=0.01, max_K=512,
+    )  # fmt: skip
+    before = study_plan(files, **common)
+    for path in files.values():
+        _rescale_timing(path, 1.6)
+    after = study_plan(files, **common)
+    assert after["K"] == before["K"] and after["K_planned"] == before["K_planned"] > 1
+    assert {k: v for k, v in after.items() if k != "measured"} == {
+        k: v for k, v in before.items() if k != "measured"
+    }
+    was = before["measured"]["pairs"][0]["seconds"]
+    now = after["measured"]["pairs"][0]["seconds"]
+    assert now["c_doc"] == pytest.approx(1.6 * was["c_doc"])
+
+
+def test_a_development_file_with_one_path_per_document_is_refused(tmp_path):
+    """K_dev = 1 gives σ_w² = 0 and always K = 1: the plan refuses such a file in one line."""
+    path = tmp_path / "one.parquet"
+    _dev_file(path, "s1", [0.1, 0.5, 0.9], 1, 0, None)
+    files = {("m", "snap", "s1"): path, ("m", "full", "s1"): path}
+    with pytest.raises(PlanningError) as info:
+        study_plan(
+            files, actions=["snap", "full"], control="full", documents_per_stratum=2,
+            cohort="study1",
+        )  # fmt: skip
+    assert str(info.value) == (
+        f"{path}: 3 development document(s) have one path each (e.g. 's1/dev/000'); the plan "
+        "needs K_dev >= 2 paths per document to estimate the within-document variance"
+    )
+
+
 def test_too_few_documents_is_one_note_and_the_least_cost_K(tmp_path):
     """The config fixes 2 documents per stratum, far too few for ±0.01: no K suffices, the
     study runs the least-cost K, and one line says how many documents the target needs; a
     bound below the least-cost K is said too; a pinned K is used as it is."""
-    files = _study_files(tmp_path, 20.0, {"snap": 0.05, "recent": 0.05, "full": 0.01})
+    files = _study_files(tmp_path, n_prompt=4000)
     common = dict(
         actions=["snap", "recent", "full"], control="full", documents_per_stratum=2,
         cohort="study2", half_width=0.01,
@@ -253,13 +328,14 @@ def test_too_few_documents_is_one_note_and_the_least_cost_K(tmp_path):
 
 
 def test_cheap_documents_give_one_replicate(tmp_path):
-    """The reverse regime: documents cost nothing of their own, so K = 1 is least cost."""
-    files = _study_files(tmp_path, 0.0, {"snap": 0.05, "recent": 0.05, "full": 0.01})
+    """The reverse regime: a one-token prompt costs little beside a replicate's 2H row-steps,
+    so K = 1 is least cost."""
+    files = _study_files(tmp_path, n_prompt=1)
     plan = study_plan(
         files, actions=["snap", "full"], control="full", documents_per_stratum=2,
         cohort="study1", half_width=0.02,
     )  # fmt: skip
-    assert plan["plans"][0]["c_doc"] == 0 and plan["plans"][0]["K"] == 1
+    assert plan["plans"][0]["c_doc"] == 1 and plan["plans"][0]["K"] == 1
 
 
 def _timing_only_file(path, timing: dict | None) -> None:

@@ -320,8 +320,11 @@ def test_a_fresh_default_plans_and_locks_before_every_evaluation_rollout(tmp_pat
         ),
         (
             lambda c: c["studies"]["study2"].update(K_dev=1),
-            "config.studies.study2.K_dev: 1 replicate per development document measures no "
-            "within-document variance, which config.studies.study2.K: plan needs",
+            "config.studies.study2.K_dev: expected a value >= 2, got 1",
+        ),
+        (  # a pinned K still has its plan made and locked beside it
+            lambda c: c["studies"]["study2"].update(K=4, K_dev=1),
+            "config.studies.study2.K_dev: expected a value >= 2, got 1",
         ),
         (
             lambda c: c["datasets"]["cohorts"].update(dev=1),
@@ -342,6 +345,3 @@ def test_a_study_that_cannot_be_planned_or_locked_stops_at_parse_time(edit, mess
     with pytest.raises(ConfigError) as info:
         check_config(config, SCHEMA)
     assert str(info.value).startswith(message), str(info.value)
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    config["studies"]["study2"].update(K=4, K_dev=1)  # a pinned K needs no within variance
-    check_config(config, SCHEMA)

@@ -33,7 +33,7 @@ SMALL = {
     "studies": {
         # study 1 takes K from its plan, study 2 pins it
         "study1": {"actions": ["snapkv-half", "recent-half", "full"], "K": "plan", "K_dev": 2},
-        "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 1, "K_control": 1},
+        "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 2, "K_control": 1},
     },
 }
 

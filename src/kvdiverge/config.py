@@ -373,12 +373,6 @@ def _check_studies(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
                 f"stratum, but study {study!r} plans its evaluation from the variance between "
                 "development documents within a stratum; expected an integer >= 2"
             )
-        if spec.get("K", "plan") == "plan" and spec.get("K_dev", 32) < 2:
-            raise ConfigError(
-                f"{where}.K_dev: {spec['K_dev']} replicate per development document measures no "
-                f"within-document variance, which {where}.K: plan needs; expected an integer "
-                ">= 2 (or pin K)"
-            )
         family = spec.get("family_endpoints", 1)
         endpoints = (
             len(config.get("models", {}))

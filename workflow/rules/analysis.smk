@@ -128,6 +128,7 @@ rule plan_sample_sizes:
             config["studies"][w.study].get("cohort", w.study)
         ],
         pinned_K=pinned_K,
+        prespecified=prespecified_study,
         planning=config["analysis"]["planning"],
         code=script_code("plan_sample_sizes.py"),
     script:

@@ -1,4 +1,5 @@
-"""Rule plan_sample_sizes: the evaluation K from the development rollouts alone."""
+"""Rule plan_sample_sizes: the evaluation K from the development rollouts alone, sized for the
+study's prespecified endpoints at the family level when it has them (docs/prespecification.md)."""
 
 import json
 
@@ -22,6 +23,7 @@ plan = study_plan(
     max_K=p.planning["max_K"],
     min_docs_per_stratum=p.planning["min_docs_per_stratum"],
     pinned_K=p.pinned_K,
+    endpoints=p.prespecified["endpoints"],
 )
 plan = {"study": snakemake.wildcards.study, **plan}
 atomic_write_text(snakemake.output[0], json.dumps(plan, indent=2) + "\n")
@@ -32,6 +34,16 @@ log.info(
     plan["K_planned"],
     plan["documents_per_stratum"],
     snakemake.output[0],
+)
+binding = plan["binding"]
+log.info(
+    "binding: %s of %s/%s at level %.6g asks for K = %d and %d documents per stratum",
+    binding["estimand"],
+    binding["model"],
+    binding["action"],
+    plan["level"],
+    binding["K"],
+    binding["docs_per_stratum_needed"],
 )
 for note in plan["notes"]:
     log.warning("%s", note)

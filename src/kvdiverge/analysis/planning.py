@@ -1,31 +1,38 @@
 """Evaluation sample sizes from the development rollouts (`docs/method.md`, "Sample-size
-planning"; `docs/prespecification.md`, "Fixed by the development stage").
+planning"; `docs/prespecification.md`).
 
-For one action, a document's replicate-averaged token-mismatch fraction has variance
+What is planned. A study without prespecified endpoints plans each non-control action's R_SMC
+at the pointwise ``level`` of ``analysis.planning``. A study with a prespecified family
+(``family_endpoints`` > 1, study 2) plans its endpoints instead: every (model, action,
+estimand) of the family, at the family level 1 − α/m that the lock gives its intervals
+(99.375% for α = 0.05, m = 8), each to the same target ``half_width``. The study's K is the
+largest K its entries need, and the plan names the entry that sets it (``binding``).
+
+Variance model. For one entry, a document's replicate-averaged value has variance
 σ_b² + σ_w²/K: between-document variance σ_b² of the true document means (pooled within strata,
 since the bootstrap resamples within strata) plus within-document path variance σ_w² over K
-replicates. With n evaluation documents the pooled estimate has variance
-V(n, K) = (σ_b² + σ_w²/K)/n. A document with K replicates costs c_doc + K·c_rep seconds (one
-prefill and selection, then K decoded replicates).
+replicates, so that with n documents the estimate has variance V(n, K) = (σ_b² + σ_w²/K)/n.
+Per path (one development replicate) the value is the estimand's own path statistic (R_SMC:
+D_H; S_99: the fraction of steps with δ_t above the clock's saturation threshold), or, for a
+ratio estimand of document averages (B(a) = (late − early)/cohort, the branch windows), its
+linearisation u = (num − θ·den)/mean(den) at the development estimate θ (the delta method:
+the estimate minus θ is to first order the document average of u). Method of moments
+(:func:`variance_components`): σ_w² from the values and their squares within documents,
+σ_b² = within-stratum variance of document means minus σ_w²/K_dev, clipped at 0. The
+development cohort must have at least 2 paths per document (K_dev ≥ 2): with one path σ_w²
+cannot be estimated and the plan refuses the file.
 
-Everything comes from the development cohort's trajectory files alone, written by the
-development rollout jobs before any evaluation rollout runs. Variances (method of moments,
-:func:`development_moments` and :func:`variance_components`): σ_w² from D_H and D_H² within
-documents, σ_b² = within-stratum variance of document means minus σ_w²/K_dev, clipped at 0.
-Costs come from the seconds the rollout engine measures where the work happens and records in
-each trajectory file's metadata key ``timing`` (:func:`kvdiverge.engine.run_stratum_rollout_job`):
-per action and (model, stratum) job, its documents and paths (replicates summed over documents)
-and the seconds of the documents' prefills, of its selection and gather, and of its decoding.
-Over the action's development files c_doc = Σ(prefill + selection seconds) / Σ documents and
-c_rep = Σ decode seconds / Σ paths (:func:`cost_from_timing`). Attribution: a rollout job runs
-every action of a study with ONE prefill per document; that prefill is charged in full to each
-action (an evaluation run of the action alone would pay it), and the decode seconds of actions
-sharing a reference stream X are split as the row-steps a solo run would decode (the engine's
-``decode_seconds``: X rows, Y rows and Z rows after each split, X counted once in the shared
-batch), so c_rep is the cost of one replicate of the action alone. Model loading (once per job,
-not per document or replicate) is left out: it does not change the least-cost design.
+Cost model (deterministic: the same config and development trajectories plan the same K on
+any machine and under any load). One unit is one token through the model, prefilled or decoded
+(2·parameters FLOPs either way; attention's share, growing with the context, is left out). A
+document costs c_doc = its prompt tokens (one prefill, charged in full to each action: an
+evaluation run of the action alone pays it) and a replicate c_rep = the row-steps a solo run of
+the action decodes: X's and Y's H steps and the fixed-history row Z from the split on,
+2H + (H − τ)+, averaged over the development paths (:func:`deterministic_cost`). The seconds
+the engine measured (``timing`` metadata, :func:`cost_from_timing`) are copied into the plan's
+``measured`` field for information only; the lock leaves them out of its hash.
 
-Two designs per (model, non-control action):
+Two designs per entry:
 
 * the least-cost design (:func:`optimal_design`): n·(c_doc + K·c_rep) minimised subject to
   z·sqrt(V(n, K)) ≤ half_width, with n a multiple of the number of strata (equal documents per
@@ -34,16 +41,14 @@ Two designs per (model, non-control action):
 * the evaluation design (:func:`evaluation_replicates`): the number of evaluation documents is
   fixed by the config (the workflow's jobs are known before it runs), so K is the smallest
   K ≤ max_K that reaches the half-width with those documents, or, when none does, the
-  least-cost design's K (beyond it, replicates buy less precision per second than documents
-  would) — and the plan then says in one line how many documents per stratum the target needs.
-
-The study's evaluation K (:func:`study_plan`) is the largest evaluation K of its (model, action)
-pairs, so that every action runs the same replicates of the same documents (paired contrasts
-share the reference paths), unless the config pins K.
+  least-cost design's K (beyond it, replicates buy less precision per unit of cost than
+  documents would) — and the plan then says in one line how many documents per stratum the
+  target needs.
 
 This module imports no other analysis module on purpose: a change to its code re-plans, and a
-new plan re-locks the study and reruns its evaluation rollouts (`docs/prespecification.md`,
-"Changing it honestly"), so nothing but planning code may change the plan.
+new plan re-locks the study and reruns its evaluation rollouts (`docs/prespecification.md`), so
+nothing but planning code may change the plan (the endpoints' path statistics are written here
+again, and a test holds them equal to :mod:`kvdiverge.analysis.document_stats`'s).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -63,9 +69,14 @@ from kvdiverge.io.trajectories import (
 )
 
 __all__ = [
+    "COST_UNITS",
+    "PLANNED_ENDPOINTS",
     "PlanningError",
     "cost_from_timing",
+    "deterministic_cost",
     "development_moments",
+    "development_paths",
+    "endpoint_path_values",
     "evaluation_replicates",
     "optimal_design",
     "read_timing",
@@ -75,13 +86,32 @@ __all__ = [
 
 TIMING_FIELDS = ("documents", "paths", "prefill_seconds", "selection_seconds", "decode_seconds")
 
+COST_UNITS = "tokens"
+"""The unit of c_doc, c_rep and ``cost``: one token through the model, prefilled or decoded."""
+
+_MEAN_ENDPOINTS = {
+    "R_smc": "mismatch",
+    "S_99": "saturation",
+    "div_prob": "diverged",
+    "R": "rollout_tv",
+    "F": "fixed_tv",
+}
+_RATIO_ENDPOINTS = {  # numerator terms (column, sign) over the branch cohort
+    "branch_contrast_B": (("branch_late", 1.0), ("branch_early", -1.0)),
+    "branch_early": (("branch_early", 1.0),),
+    "branch_late": (("branch_late", 1.0),),
+}
+PLANNED_ENDPOINTS = (*_MEAN_ENDPOINTS, *_RATIO_ENDPOINTS)
+"""The estimands the plan has a path statistic for; another endpoint is planned on R_SMC, with
+a note saying so."""
+
 
 class PlanningError(ValueError):
     """A development trajectory file or a planning setting is unusable; one line."""
 
 
 def read_timing(path: str | os.PathLike) -> dict[str, float]:
-    """The measured ``timing`` of a trajectory file's metadata (module docstring)."""
+    """The measured ``timing`` of a trajectory file's metadata (for information only)."""
     try:
         meta = read_trajectory_metadata(path)
     except (OSError, TrajectoryFormatError) as exc:
@@ -97,39 +127,10 @@ def read_timing(path: str | os.PathLike) -> dict[str, float]:
     return {k: float(timing[k]) for k in TIMING_FIELDS}
 
 
-def development_moments(path: str | os.PathLike, stratum: str) -> pl.DataFrame:
-    """Per document of a development trajectory file: ``n_paths`` and the replicate means of
-    D_H (``mismatch``) and D_H² (``mismatch_sq``), with its ``stratum``.
-
-    The file is checked against its contract first
-    (:func:`kvdiverge.io.trajectories.read_trajectories`: whole paths, replicate counts), so D_H
-    is the mean of I_t over t = 1..H.
-    """
-    try:
-        frame = read_trajectories(path, lazy=True)
-    except TrajectoryFormatError as exc:
-        raise PlanningError(str(exc)) from exc
-    return (
-        frame.group_by("doc_id", "replicate")
-        .agg(d=pl.col("mismatch").cast(pl.Float64).mean())
-        .group_by("doc_id")
-        .agg(
-            n_paths=pl.len(),
-            mismatch=pl.col("d").mean(),
-            mismatch_sq=(pl.col("d") ** 2).mean(),
-        )
-        .with_columns(stratum=pl.lit(stratum))
-        .sort("doc_id")
-        .collect()
-    )
-
-
 def cost_from_timing(timings: Sequence[Mapping[str, float]], where: str = "planning") -> dict:
-    """c_doc and c_rep (seconds) of one action from its files' ``timing`` (module docstring).
-
-    c_doc = Σ(prefill_seconds + selection_seconds) / Σ documents;
-    c_rep = Σ decode_seconds / Σ paths.
-    """
+    """Measured seconds per document and per replicate of one action, from its files'
+    ``timing``: c_doc = Σ(prefill + selection seconds) / Σ documents, c_rep = Σ decode seconds
+    / Σ paths. For information: the plan's costs are :func:`deterministic_cost`'s."""
     docs = sum(t["documents"] for t in timings)
     paths = sum(t["paths"] for t in timings)
     if docs <= 0 or paths <= 0:
@@ -141,20 +142,142 @@ def cost_from_timing(timings: Sequence[Mapping[str, float]], where: str = "plann
     }
 
 
-def variance_components(stats: pl.DataFrame, where: str = "development cohort") -> dict:
-    """σ_b², σ_w² and the development K of D_H for one action (module docstring).
+def _clock_steps(H: int, clock: Mapping[str, Any] | None) -> tuple[int, int, float]:
+    """(branch depth d, window w, saturation threshold) as ``Clock.for_horizon`` rounds them."""
+    clock = dict(clock or {})
+    depth = max(1, int(round(float(clock.get("branch_depth", 0.5)) * H)))
+    window = max(1, int(round(float(clock.get("window", 0.125)) * H)))
+    return depth, window, float(clock.get("saturation", 0.99))
 
-    ``stats``: one row per development document of the action (columns ``mismatch``,
-    ``mismatch_sq``, ``n_paths``, ``stratum``; :func:`development_moments`).
+
+def development_paths(
+    path: str | os.PathLike, stratum: str, clock: Mapping[str, Any] | None = None
+) -> pl.DataFrame:
+    """One row per path (document, replicate) of a development trajectory file: ``doc_id``,
+    ``stratum``, ``n_prompt``, ``row_steps`` (2H + (H − τ)+) and the path statistics the plan
+    uses: ``mismatch`` (D_H), ``saturation``, ``diverged``, ``rollout_tv``, ``fixed_tv``,
+    ``branch_cohort`` (1{τ ≤ d}), ``branch_early`` and ``branch_late`` (the cohort's mean δ
+    over lags 1..w and d − w + 1..d; ``clock``: ``analysis.clock``'s fractions of H).
+
+    The file is checked against its contract first (whole paths, replicate counts), and every
+    document must have at least 2 paths (K_dev ≥ 2), else one line naming the file.
+    """
+    try:
+        frame = read_trajectories(path)
+    except TrajectoryFormatError as exc:
+        raise PlanningError(str(exc)) from exc
+    if frame.height == 0:
+        raise PlanningError(f"{path}: development trajectory file has no rows")
+    frame = frame.sort("doc_id", "replicate", "t")
+    H = int(frame["t"].max())
+    n = frame.height // H
+    single = frame.group_by("doc_id").agg(k=pl.col("replicate").n_unique()).filter(pl.col("k") < 2)
+    if single.height:
+        raise PlanningError(
+            f"{path}: {single.height} development document(s) have one path each (e.g. "
+            f"{sorted(single['doc_id'])[0]!r}); the plan needs K_dev >= 2 paths per document "
+            f"to estimate the within-document variance"
+        )
+    mism = frame["mismatch"].to_numpy().reshape(n, H)
+    delta = frame["tv_rollout"].to_numpy().astype(np.float64).reshape(n, H)
+    fixed = frame["tv_fixed"].to_numpy().astype(np.float64).reshape(n, H)
+    tau = np.where(mism.any(1), mism.argmax(1) + 1, H + 1)
+    d, w, threshold = _clock_steps(H, clock)
+    cohort = tau <= d
+    lags = np.minimum(tau[:, None] + np.arange(1, d + 1)[None, :], H)
+    branch = np.take_along_axis(delta, lags - 1, axis=1) * cohort[:, None]
+    first = frame.gather(np.arange(n) * H)
+    return pl.DataFrame(
+        {
+            "doc_id": first["doc_id"],
+            "stratum": stratum,
+            "n_prompt": first["n_prompt"].cast(pl.Float64),
+            "row_steps": (2 * H + np.clip(H - tau, 0, None)).astype(np.float64),
+            "mismatch": mism.mean(1),
+            "saturation": (delta > threshold).mean(1),
+            "diverged": (tau <= H).astype(np.float64),
+            "rollout_tv": delta.mean(1),
+            "fixed_tv": fixed.mean(1),
+            "branch_cohort": cohort.astype(np.float64),
+            "branch_early": branch[:, :w].sum(1) / w,
+            "branch_late": branch[:, d - w :].sum(1) / w,
+        }
+    )
+
+
+def _document_average(paths: pl.DataFrame, column: str | pl.Expr) -> float:
+    """The estimand's document average: replicate means first, every document weighing one."""
+    expr = pl.col(column) if isinstance(column, str) else column
+    means = paths.group_by("doc_id").agg(v=expr.mean())
+    return float(means["v"].mean())
+
+
+def endpoint_path_values(paths: pl.DataFrame, estimand: str) -> pl.Series | None:
+    """Per path of :func:`development_paths`, the value whose document average estimates
+    ``estimand`` to first order (module docstring): the path statistic of a mean estimand, the
+    linearisation (num − θ·den)/mean(den) of a ratio. ``None`` when the plan has no statistic
+    for ``estimand`` or the development ratio is undefined (an empty branch cohort)."""
+    if estimand in _MEAN_ENDPOINTS:
+        return paths[_MEAN_ENDPOINTS[estimand]].rename("value")
+    if estimand not in _RATIO_ENDPOINTS:
+        return None
+    num = sum(sign * pl.col(col) for col, sign in _RATIO_ENDPOINTS[estimand])
+    den = _document_average(paths, "branch_cohort")
+    if den <= 0:
+        return None
+    theta = _document_average(paths, num) / den
+    u = paths.select(v=(num - theta * pl.col("branch_cohort")) / den)["v"]
+    return u.rename("value")
+
+
+def _moments(paths: pl.DataFrame, values: pl.Series) -> pl.DataFrame:
+    """Per document: ``n_paths``, the mean of ``values`` and of their squares, ``stratum``."""
+    return (
+        paths.select("doc_id", "stratum")
+        .with_columns(value=values)
+        .group_by("doc_id", "stratum")
+        .agg(n_paths=pl.len(), value=pl.col("value").mean(), value_sq=(pl.col("value") ** 2).mean())
+        .sort("doc_id")
+    )
+
+
+def development_moments(path: str | os.PathLike, stratum: str) -> pl.DataFrame:
+    """Per document of a development trajectory file: ``n_paths`` and the replicate means of
+    D_H (``mismatch``) and D_H² (``mismatch_sq``), with its ``stratum``."""
+    paths = development_paths(path, stratum)
+    return (
+        _moments(paths, paths["mismatch"])
+        .rename({"value": "mismatch", "value_sq": "mismatch_sq"})
+        .select("doc_id", "n_paths", "mismatch", "mismatch_sq", "stratum")
+    )
+
+
+def deterministic_cost(paths: pl.DataFrame) -> dict[str, float]:
+    """c_doc (prompt tokens per document) and c_rep (row-steps per replicate) of one action
+    from its development paths (:func:`development_paths`; module docstring)."""
+    per_doc = paths.group_by("doc_id").agg(pl.col("n_prompt").first())
+    return {
+        "c_doc": float(per_doc["n_prompt"].mean()),
+        "c_rep": float(paths["row_steps"].mean()),
+    }
+
+
+def variance_components(
+    stats: pl.DataFrame, where: str = "development cohort", column: str = "mismatch"
+) -> dict:
+    """σ_b², σ_w² and the development K of one entry (module docstring).
+
+    ``stats``: one row per development document (columns ``column``, ``column``_sq, ``n_paths``,
+    ``stratum``; :func:`development_moments`).
     """
     if stats.height < 2:
         raise PlanningError(f"{where}: needs at least 2 development documents, has {stats.height}")
     k = stats["n_paths"].to_numpy().astype(np.float64)
-    mean = stats["mismatch"].to_numpy()
-    spread = stats["mismatch_sq"].to_numpy() - mean**2  # within-document, divisor K
+    mean = stats[column].to_numpy()
+    spread = stats[f"{column}_sq"].to_numpy() - mean**2  # within-document, divisor K
     within = np.where(k > 1, spread * k / np.maximum(k - 1, 1), 0.0)
     sigma_w2 = float(np.clip(within, 0, None).mean())
-    centred = stats.with_columns(dev=pl.col("mismatch") - pl.col("mismatch").mean().over("stratum"))
+    centred = stats.with_columns(dev=pl.col(column) - pl.col(column).mean().over("stratum"))
     dof = stats.height - centred["stratum"].n_unique()
     if dof < 1:
         raise PlanningError(f"{where}: needs two development documents in some stratum")
@@ -209,7 +332,7 @@ def optimal_design(
         "K": int(ks[i]),
         "n_docs": int(n[i]),
         "docs_per_stratum": int(n[i] // n_strata),
-        "cost_seconds": float(cost[i]),
+        "cost": float(cost[i]),
         "half_width": z * math.sqrt(per_doc[i] / n[i]),
         "K_continuous": k_star,
     }
@@ -239,8 +362,28 @@ def _half_width_and_cost(var: Mapping, cost: Mapping, K: int, n_docs: int, z: fl
         "K": K,
         "n_docs": n_docs,
         "half_width": z * math.sqrt(per_doc / n_docs),
-        "cost_seconds": n_docs * (cost["c_doc"] + K * cost["c_rep"]),
+        "cost": n_docs * (cost["c_doc"] + K * cost["c_rep"]),
     }
+
+
+def _entries(
+    models: Sequence[str],
+    actions: Sequence[str],
+    control: str,
+    endpoints: Mapping[str, Any] | None,
+) -> list[tuple[str, str, str]]:
+    """(model, action, estimand) to plan: the family's endpoints, else R_SMC of each pair."""
+    if endpoints:
+        wanted = {(e["model"], e["action"], e["estimand"]) for e in endpoints["family"]}
+        return [
+            (m, a, e)
+            for m in models
+            for a in actions
+            if a != control
+            for e in endpoints["estimands"]
+            if (m, a, e) in wanted
+        ]
+    return [(m, a, "R_smc") for m in models for a in actions if a != control]
 
 
 def study_plan(
@@ -255,86 +398,103 @@ def study_plan(
     max_K: int = 1024,
     min_docs_per_stratum: int = 2,
     pinned_K: int | None = None,
+    endpoints: Mapping[str, Any] | None = None,
 ) -> dict:
     """The sample-size plan of a study (module docstring), as a JSON-ready dict.
 
-    ``development[(model, action, stratum)]``: the development trajectory file of that job,
-    whose rows give the variances and whose ``timing`` metadata gives the costs;
+    ``development[(model, action, stratum)]``: the development trajectory file of that job;
     ``documents_per_stratum``: the evaluation documents the config fixes per stratum (of
-    ``cohort``); ``pinned_K``: the config's K when it pins one (else the plan's K is used).
+    ``cohort``); ``pinned_K``: the config's K when it pins one (else the plan's K is used);
+    ``endpoints``: the study's prespecified endpoints as the lock records them
+    (:func:`kvdiverge.analysis.prespecification.prespecified`: ``family``, ``estimands``,
+    ``level``, ``clock``), or ``None`` (plan R_SMC at ``level``).
 
-    Per model and non-control action: σ_b², σ_w², K_dev, c_doc, c_rep, the least-cost design
-    (``K``, ``n_docs``, ``docs_per_stratum``, ``cost_seconds``, ``half_width``,
-    ``K_continuous``), ``K_needed`` (:func:`evaluation_replicates` at the configured documents;
-    ``None`` when none ≤ max_K suffices) and ``evaluation``: half-width and cost of the study's
-    evaluation design with the documents per stratum that the target would need at its K.
-    Top level: ``K`` (the evaluation K: ``pinned_K``, else ``K_planned``), ``K_planned`` (the
-    largest of each pair's ``K_needed``, or its least-cost K where that is ``None``),
-    ``K_source``, and ``notes``: one line each, when more documents would be needed and when
-    ``max_K`` bounds the plan.
+    ``plans``: one entry per planned (model, action, estimand): σ_b², σ_w², K_dev, c_doc, c_rep
+    (in :data:`COST_UNITS`), the least-cost design (``K``, ``n_docs``, ``docs_per_stratum``,
+    ``cost``, ``half_width``, ``K_continuous``), ``K_needed`` (:func:`evaluation_replicates` at
+    the configured documents; ``None`` when none ≤ max_K suffices) and ``evaluation``:
+    half-width and cost at the study's K with the documents per stratum the target would need.
+    Top level: ``estimands`` planned and ``level`` used, ``K`` (``pinned_K``, else
+    ``K_planned``), ``K_planned`` (the largest of each entry's ``K_needed``, or its least-cost K
+    where that is ``None``), ``K_source``, ``binding`` (the entry that sets ``K_planned`` and
+    the documents per stratum it asks for), ``notes`` (one line each: more documents needed,
+    ``max_K`` binding, an endpoint planned on R_SMC) and ``measured`` (the engine's seconds,
+    for information).
     """
     if documents_per_stratum < 1:
         raise PlanningError(
             f"planning: expected at least 1 evaluation document per stratum, "
             f"got {documents_per_stratum}"
         )
+    if endpoints:
+        level = float(endpoints["level"])
     models = list(dict.fromkeys(m for m, _, _ in development))
     strata = sorted({s for _, _, s in development})
     n_eval = documents_per_stratum * len(strata)
     z = _z(level)
-    plans = []
-    bounded: list[tuple[str, int]] = []  # (model/action, least-cost K above max_K)
-    for model in models:
-        for action in actions:
-            if action == control:
-                continue
+    clock = (endpoints or {}).get("clock")
+    plans: list[dict] = []
+    measured: list[dict] = []
+    notes: list[str] = []
+    bounded: list[tuple[str, int]] = []  # (model/action/estimand, least-cost K above max_K)
+    cache: dict[tuple[str, str], tuple[pl.DataFrame, dict]] = {}
+    for model, action, estimand in _entries(models, actions, control, endpoints):
+        where = f"planning {model}/{action}"
+        if (model, action) not in cache:
             missing = [s for s in strata if (model, action, s) not in development]
             if missing:
                 raise PlanningError(
                     f"planning: no development trajectory file for {(model, action, missing[0])}"
                 )
             files = [development[(model, action, s)] for s in strata]
-            where = f"planning {model}/{action}"
-            cost = cost_from_timing([read_timing(f) for f in files], where=where)
-            moments = pl.concat(
-                [development_moments(f, s) for f, s in zip(files, strata, strict=True)]
+            paths = pl.concat(
+                [development_paths(f, s, clock) for f, s in zip(files, strata, strict=True)]
             )
-            var = variance_components(moments, where=f"{where}: development cohort")
-            design = optimal_design(
-                var["sigma_between2"],
-                var["sigma_within2"],
-                cost["c_doc"],
-                cost["c_rep"],
-                half_width,
-                level,
-                n_strata=len(strata),
-                max_K=max_K,
+            cache[(model, action)] = (paths, deterministic_cost(paths))
+            try:
+                seconds = cost_from_timing([read_timing(f) for f in files], where=where)
+            except PlanningError:
+                seconds = None
+            measured.append({"model": model, "action": action, "seconds": seconds})
+        paths, cost = cache[(model, action)]
+        values = endpoint_path_values(paths, estimand)
+        if values is None:
+            reason = (
+                "the plan has no path statistic for it"
+                if estimand not in PLANNED_ENDPOINTS
+                else "no development path entered the branch cohort"
+            )
+            notes.append(f"endpoint {estimand} of {model}/{action} is planned on R_smc: {reason}")
+            estimand, values = "R_smc", paths["mismatch"]
+            if any(e["model"] == model and e["action"] == action and e["estimand"] == estimand
+                   for e in plans):  # fmt: skip
+                continue
+        var = variance_components(
+            _moments(paths, values), where=f"{where}: development cohort", column="value"
+        )
+        design = optimal_design(
+            var["sigma_between2"], var["sigma_within2"], cost["c_doc"], cost["c_rep"],
+            half_width, level, n_strata=len(strata), max_K=max_K,
+            min_docs_per_stratum=min_docs_per_stratum,
+        )  # fmt: skip
+        needed = evaluation_replicates(
+            var["sigma_between2"], var["sigma_within2"], n_eval, half_width, level, max_K
+        )
+        if needed is None and design["K"] == max_K:  # is the least-cost K beyond the bound?
+            wider = optimal_design(
+                var["sigma_between2"], var["sigma_within2"], cost["c_doc"], cost["c_rep"],
+                half_width, level, n_strata=len(strata), max_K=4 * max_K,
                 min_docs_per_stratum=min_docs_per_stratum,
-            )
-            needed = evaluation_replicates(
-                var["sigma_between2"], var["sigma_within2"], n_eval, half_width, level, max_K
-            )
-            entry = {"model": model, "action": action, **var, **cost, **design}
-            if needed is None and design["K"] == max_K:  # is the least-cost K beyond the bound?
-                wider = optimal_design(
-                    var["sigma_between2"],
-                    var["sigma_within2"],
-                    cost["c_doc"],
-                    cost["c_rep"],
-                    half_width,
-                    level,
-                    n_strata=len(strata),
-                    max_K=4 * max_K,
-                    min_docs_per_stratum=min_docs_per_stratum,
-                )
-                if wider["K"] > max_K:
-                    bounded.append((f"{model}/{action}", wider["K"]))
-            plans.append({**entry, "K_needed": needed})
+            )  # fmt: skip
+            if wider["K"] > max_K:
+                bounded.append((f"{model}/{action} {estimand}", wider["K"]))
+        entry = {"model": model, "action": action, "estimand": estimand, **var, **cost}
+        plans.append({**entry, **design, "K_needed": needed})
     if not plans:
         raise PlanningError("planning: no development trajectory files of a non-control action")
-    planned = max(e["K_needed"] if e["K_needed"] is not None else e["K"] for e in plans)
+    wants = [e["K_needed"] if e["K_needed"] is not None else e["K"] for e in plans]
+    planned = max(wants)
     K = pinned_K if pinned_K is not None else planned
-    notes = []
     worst = None
     for e in plans:
         e["evaluation"] = _half_width_and_cost(e, e, K, n_eval, z)
@@ -342,12 +502,20 @@ def study_plan(
         need = int(-(-int(_documents_needed(per_doc, half_width, z)) // len(strata)))
         e["evaluation"]["docs_per_stratum_needed"] = need
         if need > documents_per_stratum and (worst is None or need > worst[0]):
-            worst = (need, f"{e['model']}/{e['action']}")
+            worst = (need, f"{e['model']}/{e['action']}", e["estimand"])
+    first = plans[wants.index(planned)]
+    binding = {
+        "model": first["model"],
+        "action": first["action"],
+        "estimand": first["estimand"],
+        "K": planned,
+        "docs_per_stratum_needed": first["evaluation"]["docs_per_stratum_needed"],
+    }
     if worst:
         notes.append(
             f"more documents would be needed: at K = {K}, a half-width of {half_width:g} on "
-            f"R_SMC needs {worst[0]} evaluation documents per stratum ({worst[1]}), the config "
-            f"fixes {documents_per_stratum} (datasets.cohorts.{cohort})"
+            f"{worst[2]} at level {level:.6g} needs {worst[0]} evaluation documents per stratum "
+            f"({worst[1]}), the config fixes {documents_per_stratum} (datasets.cohorts.{cohort})"
         )
     if pinned_K is None and bounded:
         pair, wider_K = max(bounded, key=lambda b: b[1])
@@ -356,9 +524,11 @@ def study_plan(
             f"least-cost K of {pair} would be {wider_K}"
         )
     return {
-        "estimand": "R_smc",
+        "estimand": "endpoints" if endpoints else "R_smc",
+        "estimands": list(dict.fromkeys(e["estimand"] for e in plans)),
         "target_half_width": half_width,
         "level": level,
+        "cost_units": COST_UNITS,
         "strata": strata,
         "cohort": cohort,
         "documents_per_stratum": documents_per_stratum,
@@ -366,6 +536,8 @@ def study_plan(
         "K": K,
         "K_planned": planned,
         "K_source": "config" if pinned_K is not None else "plan",
+        "binding": binding,
         "notes": notes,
         "plans": plans,
+        "measured": {"units": "seconds", "used": False, "pairs": measured},
     }
