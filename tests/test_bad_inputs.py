@@ -740,7 +740,7 @@ def test_unreadable_trajectory_file(tmp_path):
     path.write_bytes(b"")  # what a killed writer without atomic writes would leave
     with pytest.raises(TrajectoryFormatError) as info:
         read_trajectories(path)
-    assert one_line(info).startswith(f"{path}: not a readable Parquet file (")
+    assert one_line(info).startswith(f"{path}: not a readable trajectory file (")
 
 
 @pytest.fixture(scope="module")

@@ -440,7 +440,7 @@ def test_documents_selection_and_errors(tmp_path):
     table.drop("prompt").write_parquet(tmp_path / "bad.parquet")
     with pytest.raises(ValueError, match="lacks column.s. prompt"):
         select_documents(tmp_path / "bad.parquet", {"dev": 1})
-    with pytest.raises(ValueError, match="not a readable documents Parquet"):
+    with pytest.raises(ValueError, match="not a readable documents file"):
         select_documents(tmp_path / "missing.parquet", {"dev": 1})
     pl.concat([table, table.head(1)]).write_parquet(tmp_path / "dup.parquet")
     with pytest.raises(ValueError, match="not unique"):

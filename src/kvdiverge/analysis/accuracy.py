@@ -42,7 +42,16 @@ from kvdiverge.analysis.document_stats import AnalysisInputError, Clock
 from kvdiverge.analysis.estimands import ESTIMAND_COLUMNS
 from kvdiverge.datasets.scoring import METRICS, score
 from kvdiverge.io import atomic_path
-from kvdiverge.io.trajectories import TrajectoryFormatError, read_trajectories
+from kvdiverge.io.documents import (
+    DocumentsFormatError,
+    check_rolled_out_from,
+    read_documents_with_source,
+)
+from kvdiverge.io.trajectories import (
+    TrajectoryFormatError,
+    read_trajectories,
+    read_trajectory_metadata,
+)
 from kvdiverge.theory.risk import first_divergence
 
 __all__ = [
@@ -96,12 +105,17 @@ def metric_documents(
     paths: Sequence[str | os.PathLike], datasets: Mapping[str, Any]
 ) -> pl.DataFrame:
     """The documents tables of ``paths`` with each document's ``metric``, named by its
-    stratum's dataset environment under the ``datasets`` config section."""
-    from kvdiverge.datasets import DatasetsConfig, read_documents
+    stratum's dataset environment under the ``datasets`` config section, and the file each
+    comes from with its SHA-256 (:func:`kvdiverge.io.documents.read_documents_with_source`:
+    :func:`accuracy_document_stats` refuses trajectories rolled out from other documents)."""
+    from kvdiverge.datasets import DatasetsConfig
     from kvdiverge.datasets.registry import environment
 
     cfg = DatasetsConfig.from_config(datasets)
-    frame = pl.concat([read_documents(p) for p in paths])
+    try:
+        frame = pl.concat([read_documents_with_source(p) for p in paths])
+    except DocumentsFormatError as exc:
+        raise AnalysisInputError(str(exc)) from exc
 
     def metric_of(stratum: str, task: str) -> str:
         s = cfg.stratum(stratum)
@@ -216,7 +230,8 @@ def accuracy_document_stats(
     ``trajectories`` maps each action to its trajectory files (read and checked against their
     contract) or tables; ``documents`` holds :data:`_DOC_COLUMNS` (``metric`` from
     :func:`document_metrics`); ``depth`` is d, the early/late boundary. One-line errors name
-    the file.
+    the file; a trajectory file rolled out from another documents file than the one
+    ``documents`` came from (:func:`metric_documents`) is refused naming both.
     """
     missing = [c for c in _DOC_COLUMNS if c not in documents.columns]
     if missing:
@@ -231,6 +246,10 @@ def accuracy_document_stats(
             where = "trajectory table" if isinstance(source, pl.DataFrame) else str(source)
             try:
                 data = source if isinstance(source, pl.DataFrame) else read_trajectories(source)
+                if not isinstance(source, pl.DataFrame):
+                    meta = read_trajectory_metadata(source)
+                    ids = data["doc_id"].unique()
+                    check_rolled_out_from(source, meta, ids, documents, AnalysisInputError)
             except TrajectoryFormatError as exc:
                 raise AnalysisInputError(str(exc)) from exc
             means = _document_means(path_scores(data, docs, tokenizer, depth, where))

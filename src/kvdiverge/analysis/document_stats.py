@@ -54,7 +54,12 @@ import pyarrow.parquet as pq
 
 from kvdiverge.analysis.control import check_full_retention_control
 from kvdiverge.io import atomic_path
-from kvdiverge.io.documents import read_documents
+from kvdiverge.io.documents import (
+    SOURCE_COLUMNS,
+    DocumentsFormatError,
+    check_rolled_out_from,
+    read_documents_with_source,
+)
 from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
     read_trajectories,
@@ -272,11 +277,15 @@ def path_statistics(
 def _documents_frame(documents: pl.DataFrame | str | os.PathLike | Sequence) -> pl.DataFrame:
     if isinstance(documents, pl.DataFrame):
         frames = [documents]
-    elif isinstance(documents, (str, os.PathLike)):
-        frames = [read_documents(documents, columns=["stratum", "cohort"])]
     else:
-        frames = [read_documents(p, columns=["stratum", "cohort"]) for p in documents]
-    out = pl.concat([f.select("doc_id", "stratum", "cohort") for f in frames])
+        paths = [documents] if isinstance(documents, (str, os.PathLike)) else list(documents)
+        try:
+            frames = [read_documents_with_source(p, columns=["stratum", "cohort"]) for p in paths]
+        except DocumentsFormatError as exc:
+            raise AnalysisInputError(str(exc)) from exc
+    columns = ["doc_id", "stratum", "cohort"]
+    columns += [c for c in SOURCE_COLUMNS if all(c in f.columns for f in frames)]
+    out = pl.concat([f.select(columns) for f in frames])
     dup = out.filter(pl.col("doc_id").is_duplicated())
     if dup.height:
         raise AnalysisInputError(
@@ -367,7 +376,9 @@ def document_stats(
     Errors (one line naming the file): a missing column or wrong type, a broken file contract
     (:func:`kvdiverge.io.trajectories.check_trajectories`: values, column consistency, path and
     replicate counts, naming the document, replicate and step), mismatched H across files, a
-    document absent from the documents table, an action missing for some documents. The
+    document absent from the documents table, an action missing for some documents, a file
+    rolled out from another documents file than the one given (its recorded SHA-256 differs,
+    :func:`kvdiverge.io.documents.check_rolled_out_from`; ``documents`` given as files). The
     control's files are checked first (`docs/method.md`, "The full-retention control"): δ ≠ 0 or
     X ≠ Y anywhere raises :class:`~kvdiverge.analysis.control.ControlCheckError` naming the
     document.
@@ -389,6 +400,13 @@ def document_stats(
                 data = read_trajectories(path)  # checked against the file contract once
                 if data.height == 0:
                     raise AnalysisInputError(f"{path}: trajectory file has no rows")
+                check_rolled_out_from(
+                    path,
+                    read_trajectory_metadata(path),
+                    data["doc_id"].unique(),
+                    docs,
+                    AnalysisInputError,
+                )
                 if clock is None:
                     h = int(read_trajectory_metadata(path).get("H", 0)) or int(data["t"].max())
                     clock = Clock.for_horizon(h, **settings)

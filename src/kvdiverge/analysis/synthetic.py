@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from kvdiverge.analysis.document_stats import Clock, path_statistics, stat_columns
-from kvdiverge.io import atomic_path
+from kvdiverge.io import sha256_file, write_parquet_with_metadata
 from kvdiverge.io.trajectories import write_trajectories
 from kvdiverge.theory.coupling import tv
 from kvdiverge.theory.finite_state import (
@@ -158,11 +158,10 @@ def write_synthetic_study(
                     }
                 )
         doc_path = root / "results" / "documents" / f"{stratum}.parquet"
-        with atomic_path(doc_path, suffix=".parquet") as tmp:
-            pl.DataFrame(doc_rows, schema_overrides={"answers": pl.List(pl.String)}).write_parquet(
-                tmp
-            )
+        table = pl.DataFrame(doc_rows, schema_overrides={"answers": pl.List(pl.String)})
+        write_parquet_with_metadata(table, doc_path, {"source": "kvdiverge.analysis.synthetic"})
         files["documents"][stratum] = doc_path
+        documents = {"file": str(doc_path), "sha256": sha256_file(doc_path)}
         for action, pair in pairs.items():
             parts = []
             for cohort, (n_docs, K) in cohorts.items():
@@ -180,6 +179,7 @@ def write_synthetic_study(
                 "coupling": "shared-reference",
                 "dtype": "float64",
                 "device": "cpu",
+                "documents": documents,
             }
             write_trajectories(pl.concat(parts), path, meta)
             files.setdefault(action, {})[stratum] = path

@@ -24,7 +24,7 @@ from kvdiverge.engine.batches import rollout_documents
 from kvdiverge.engine.settings import DocumentRollout, RolloutSettings
 from kvdiverge.eviction import ActionSpec, parse_action
 from kvdiverge.io import JobScratch, sha256_file
-from kvdiverge.io.documents import read_documents
+from kvdiverge.io.documents import read_documents, read_documents_table
 from kvdiverge.io.trajectories import METADATA_KEYS, TRAJECTORY_SCHEMA
 
 __all__ = [
@@ -218,7 +218,8 @@ class CheckedJob:
     """A rollout job's inputs once checked (:func:`load_checked_job`): its tokenizer and loaded
     model, EOS ids, the documents it runs (``(doc_id, prompt, {action: K})``,
     :func:`select_job_documents`), each document's chat-wrapped prompt length, and the job's
-    own specification (documents file, model entry, actions, cohort → K per action)."""
+    own specification (documents file and its SHA-256 as it was read, model entry, actions,
+    cohort → K per action)."""
 
     tokenizer: Any
     model: torch.nn.Module
@@ -226,6 +227,7 @@ class CheckedJob:
     documents: list[tuple[str, str, dict[str, int]]]
     lengths: dict[str, int]
     documents_path: str
+    documents_sha256: str
     model_spec: dict[str, Any]
     specs: dict[str, ActionSpec]
     cohorts: dict[str, dict[str, int]]
@@ -248,7 +250,7 @@ class CheckedJob:
                 "actions": {name: spec.as_dict() for name, spec in self.specs.items()},
                 "cohorts": self.cohorts,
                 "settings": dict(settings),
-                "documents": sha256_file(self.documents_path)[:16],
+                "documents": self.documents_sha256[:16],
                 "dtype": str(self.model.dtype),
                 "device": str(self.model.device),
                 "resume": resume_key,
@@ -269,6 +271,12 @@ class CheckedJob:
             self.eos_ids,
         )
         return scratch
+
+    @property
+    def documents_record(self) -> dict[str, str]:
+        """The ``documents`` metadata of the job's files: the documents file and its SHA-256
+        (the analysis refuses a documents file that differs)."""
+        return {"file": self.documents_path, "sha256": self.documents_sha256}
 
 
 def load_checked_job(
@@ -302,8 +310,9 @@ def load_checked_job(
         model["path"], trust_remote_code=trust, revision=model.get("revision")
     )
     job_cohorts = {c for per in cohorts.values() for c in per}
+    digest = sha256_file(documents_path)  # before reading: the job's files record what it ran
     checked = check_documents(
-        pl.read_parquet(documents_path),
+        read_documents_table(documents_path),
         specs,
         info.get("max_positions") if info else None,
         H,
@@ -331,6 +340,7 @@ def load_checked_job(
         documents,
         lengths,
         str(documents_path),
+        digest,
         dict(model),
         dict(specs),
         {name: dict(cohorts[name]) for name in specs},
@@ -380,7 +390,8 @@ def run_stratum_rollout_job(
     → K) are keyed by action name. Progress goes to ``log_file`` (one tick per document) and
     one log line per document (its tokens, seconds and fraction of paths diverged). Each
     file's metadata key ``timing`` holds the action's measured seconds (sample-size planning
-    reads them): the only part of a file that differs between reruns. ``metadata``: further
+    reads them): the only part of a file that differs between reruns; ``documents`` the
+    documents file and its SHA-256 (:attr:`CheckedJob.documents_record`). ``metadata``: further
     keys written into every file's metadata (e.g. ``lock``, the hash of the evaluation's
     prespecification lock); it may not replace a key the job writes itself.
     """
@@ -390,7 +401,8 @@ def run_stratum_rollout_job(
 
     specs = job_actions(actions, out_paths, cohorts)
     extra = dict(metadata or {})
-    reserved = sorted(set(extra) & {*METADATA_KEYS, "eos_ids", "n_documents", "timing"})
+    written = {*METADATA_KEYS, "eos_ids", "n_documents", "timing", "documents"}
+    reserved = sorted(set(extra) & written)
     if reserved:
         raise ValueError(f"metadata: key(s) {', '.join(reserved)} are written by the job itself")
     job = load_checked_job(documents_path, model, specs, cohorts, settings.H, device)
@@ -449,6 +461,7 @@ def run_stratum_rollout_job(
             "device": str(lm.device),
             "eos_ids": list(eos),
             "n_documents": frame["doc_id"].n_unique(),
+            "documents": job.documents_record,
             "timing": timing.get(spec.name, dict.fromkeys(TIMING_KEYS, 0)),
         }
         write_trajectories(frame, out_paths[name], {**extra, **file_metadata})

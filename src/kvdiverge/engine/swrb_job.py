@@ -102,7 +102,8 @@ def run_swrb_job(
     resume_key: Any = None,
 ) -> dict[str, pl.DataFrame]:
     """Run a job and write one SWRB record file per action (metadata as the trajectory files':
-    model, action, H, K (cohort → K), seed, ``coupling: swrb``, dtype, device, n_documents).
+    model, action, H, K (cohort → K), seed, ``coupling: swrb``, dtype, device, n_documents,
+    and ``documents``: the documents file and its SHA-256).
 
     ``model``: ``path`` (a local folder) and optionally ``name``, ``dtype``, ``revision``,
     ``trust_remote_code``;
@@ -122,7 +123,7 @@ def run_swrb_job(
     from tqdm import tqdm
 
     extra = dict(metadata or {})
-    clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "eos_ids"})
+    clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "eos_ids", "documents"})
     if clash:
         raise ValueError(f"metadata: key(s) {', '.join(clash)} are set by the job")
     specs = job_actions(actions, out_paths, cohorts)
@@ -166,6 +167,7 @@ def run_swrb_job(
                 "device": str(lm.device),
                 "eos_ids": list(job.eos_ids),
                 "n_documents": frame["doc_id"].n_unique(),
+                "documents": job.documents_record,
                 **extra,
             },
         )

@@ -1,8 +1,9 @@
 """The file contracts (``docs/architecture.md``, "File contracts") and the atomic writes they
 share.
 
-* :mod:`kvdiverge.io.files`: atomic writes, Parquet with JSON metadata, SHA-256, job scratch
-  areas (re-exported here);
+* :mod:`kvdiverge.io.files`: atomic writes, SHA-256, job scratch areas (re-exported here);
+* :mod:`kvdiverge.io.parquet`: verified Parquet files with JSON metadata (page checksums and
+  content digests; re-exported here);
 * :mod:`kvdiverge.io.documents`: the documents file of a stratum;
 * :mod:`kvdiverge.io.trajectories`: trajectory files (one action, one stratum);
 * :mod:`kvdiverge.io.swrb_records`: SWRB record files.
@@ -14,19 +15,25 @@ from kvdiverge.io.files import (
     atomic_write_text,
     clean_stale_temporaries,
     fsync_directory,
-    read_parquet_metadata,
     sha256_file,
     temporary_pattern,
+)
+from kvdiverge.io.parquet import (
+    StoredFileError,
+    read_parquet_metadata,
+    read_verified_parquet,
     write_parquet_with_metadata,
 )
 
 __all__ = [
     "JobScratch",
+    "StoredFileError",
     "atomic_path",
     "atomic_write_text",
     "clean_stale_temporaries",
     "fsync_directory",
     "read_parquet_metadata",
+    "read_verified_parquet",
     "sha256_file",
     "temporary_pattern",
     "write_parquet_with_metadata",

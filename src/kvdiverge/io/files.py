@@ -8,9 +8,6 @@
 * :class:`JobScratch`: finished units of a long job (a rollout job's documents) kept on disk
   until the job's outputs are written, so that a rerun after a kill resumes from them.
 * :func:`sha256_file`: a file's content digest (checksums of fetched files, scratch keys).
-* :func:`write_parquet_with_metadata`, :func:`read_parquet_metadata`: a Parquet file whose
-  schema carries JSON key-value metadata under the ``kvdiverge.`` prefix (trajectory and SWRB
-  record files).
 """
 
 from __future__ import annotations
@@ -36,10 +33,8 @@ __all__ = [
     "atomic_write_text",
     "clean_stale_temporaries",
     "fsync_directory",
-    "read_parquet_metadata",
     "sha256_file",
     "temporary_pattern",
-    "write_parquet_with_metadata",
 ]
 
 
@@ -50,42 +45,6 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-METADATA_PREFIX = "kvdiverge."
-"""The prefix of the project's keys in a Parquet file's key-value metadata."""
-
-
-def write_parquet_with_metadata(
-    frame: pl.DataFrame, path: str | os.PathLike, metadata: Mapping[str, Any]
-) -> None:
-    """Write ``frame`` to ``path`` atomically (zstd Parquet), its schema carrying every item of
-    ``metadata`` as ``kvdiverge.<key>`` → JSON (sorted keys) and the package version as
-    ``kvdiverge.package_version``."""
-    import pyarrow.parquet as pq
-
-    from kvdiverge import __version__
-
-    table = frame.to_arrow()
-    meta = {f"{METADATA_PREFIX}{k}": json.dumps(v, sort_keys=True) for k, v in metadata.items()}
-    meta[f"{METADATA_PREFIX}package_version"] = json.dumps(__version__)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
-    with atomic_path(path, suffix=".parquet") as tmp:
-        pq.write_table(table, tmp, compression="zstd")
-
-
-def read_parquet_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``kvdiverge.`` key-value metadata of a Parquet file, decoded from JSON (the schema
-    alone is read). Raises ``OSError`` or ``pyarrow.ArrowInvalid`` for a file that is not
-    readable Parquet; callers name the file in their own error."""
-    import pyarrow.parquet as pq
-
-    raw = pq.read_schema(path).metadata or {}
-    return {
-        k.decode()[len(METADATA_PREFIX) :]: json.loads(v.decode())
-        for k, v in raw.items()
-        if k.decode().startswith(METADATA_PREFIX)
-    }
 
 
 # mkstemp's random part: 8 characters of this alphabet (tempfile._RandomNameSequence)

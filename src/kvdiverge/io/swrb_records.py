@@ -24,9 +24,12 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
-from kvdiverge.io import read_parquet_metadata, write_parquet_with_metadata
+from kvdiverge.io.parquet import (
+    read_parquet_metadata,
+    read_verified_parquet,
+    write_parquet_with_metadata,
+)
 from kvdiverge.theory.survival import survival_weights
 
 __all__ = [
@@ -77,6 +80,9 @@ E_TOLERANCE = 1e-9
 
 class SwrbFormatError(ValueError):
     """An SWRB record file does not follow its contract (module docstring); one line."""
+
+
+WHAT = "SWRB record file"
 
 
 @dataclass
@@ -276,24 +282,25 @@ def write_swrb_records(
 
 
 def read_swrb_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The kvdiverge key-value metadata of an SWRB record file, decoded from JSON."""
-    try:
-        return read_parquet_metadata(path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise SwrbFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
+    """The kvdiverge key-value metadata of an SWRB record file, decoded from JSON and checked
+    against the digest it was written with (:mod:`kvdiverge.io.parquet`)."""
+    return read_parquet_metadata(path, WHAT, SwrbFormatError)
 
 
 def read_swrb_records(path: str | os.PathLike, check: bool = True) -> pl.DataFrame:
     """Read an SWRB record file and check it against its contract (module docstring).
 
-    The metadata must say ``coupling: swrb``. ``check=False`` checks columns and types only.
+    The file is verified first (page checksums and the digests it was written with,
+    :func:`kvdiverge.io.parquet.read_verified_parquet`); the metadata must say
+    ``coupling: swrb``. ``check=False`` checks columns and types only.
     """
-    metadata = read_swrb_metadata(path)
+    frame, metadata = read_verified_parquet(
+        path, WHAT, SwrbFormatError, conform=lambda data: _conform(data, str(path))
+    )
     if metadata.get("coupling") != "swrb":
         raise SwrbFormatError(
             f"{path}: metadata coupling = {metadata.get('coupling')!r}, expected 'swrb'"
         )
-    frame = _conform(pl.read_parquet(path), str(path))
     if check:
         check_swrb_records(frame, str(path), metadata)
     return frame

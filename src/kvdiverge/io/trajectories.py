@@ -21,10 +21,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from kvdiverge.io import read_parquet_metadata, write_parquet_with_metadata
+from kvdiverge.io.parquet import (
+    read_parquet_metadata,
+    read_verified_parquet,
+    write_parquet_with_metadata,
+)
 
 __all__ = [
     "METADATA_KEYS",
@@ -63,6 +65,9 @@ class TrajectoryFormatError(ValueError):
     """A trajectory file does not follow its contract (module docstring); one line."""
 
 
+WHAT = "trajectory file"
+
+
 def _conform(frame: pl.DataFrame, where: str) -> pl.DataFrame:
     missing = [c for c in TRAJECTORY_SCHEMA if c not in frame.columns]
     if missing:
@@ -96,11 +101,9 @@ def write_trajectories(
 
 
 def read_trajectory_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The kvdiverge key-value metadata of a trajectory file, decoded from JSON."""
-    try:
-        return read_parquet_metadata(path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise TrajectoryFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
+    """The kvdiverge key-value metadata of a trajectory file, decoded from JSON and checked
+    against the digest it was written with (:mod:`kvdiverge.io.parquet`)."""
+    return read_parquet_metadata(path, WHAT, TrajectoryFormatError)
 
 
 def _path_of(row: Mapping[str, Any], step: bool = True) -> str:
@@ -271,26 +274,15 @@ def read_trajectories(
 ) -> pl.DataFrame | pl.LazyFrame:
     """Read a trajectory file and check it against its contract (module docstring).
 
-    A missing column, a wrong type or a broken contract raises :class:`TrajectoryFormatError`
-    with one line naming the file (and the document, replicate and step). With ``lazy=True``
-    the checks still run (collecting only the columns they need, aggregated) and a LazyFrame is
-    returned. ``check=False`` checks columns and types only.
+    A missing column, a wrong type, a damaged file (page checksums and the digests it was
+    written with, :func:`kvdiverge.io.parquet.read_verified_parquet`) or a broken contract
+    raises :class:`TrajectoryFormatError` with one line naming the file (and the document,
+    replicate and step). With ``lazy=True`` the verified table is returned as a LazyFrame.
+    ``check=False`` skips the contract's value checks (the file is still verified).
     """
-    try:
-        schema = pq.read_schema(path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise TrajectoryFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
-    empty = pl.from_arrow(schema.empty_table())
-    _conform(empty, str(path))
-    metadata = read_trajectory_metadata(path) if check else {}
-    if lazy:
-        scan = pl.scan_parquet(path).select(
-            [pl.col(n).cast(d) for n, d in TRAJECTORY_SCHEMA.items()]
-        )
-        if check:
-            check_trajectories(scan, str(path), metadata)
-        return scan
-    frame = _conform(pl.read_parquet(path), str(path))
+    frame, metadata = read_verified_parquet(
+        path, WHAT, TrajectoryFormatError, conform=lambda data: _conform(data, str(path))
+    )
     if check:
         check_trajectories(frame, str(path), metadata)
-    return frame
+    return frame.lazy() if lazy else frame
