@@ -138,6 +138,7 @@ rule plan_sample_sizes:
 rule prespecify:
     input:
         plan=results("{study}/plan.json"),
+        documents=expand(results("documents/{stratum}.parquet"), stratum=study_strata()),
     output:
         results("{study}/lock.json"),
     log:
@@ -150,6 +151,9 @@ rule prespecify:
         "../../envs/analysis.yaml"
     params:
         prespecified=prespecified_study,
+        endpoint_script=(
+            "swrb_estimands.py" if config["rollout"]["coupling"] == "swrb" else "estimands.py"
+        ),
         code=script_code("prespecify.py"),
     script:
         "../scripts/prespecify.py"

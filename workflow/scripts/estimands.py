@@ -4,6 +4,8 @@ from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
+import os  # noqa: E402
+
 import polars as pl  # noqa: E402
 
 from kvdiverge.analysis.document_stats import read_document_stats  # noqa: E402
@@ -13,14 +15,19 @@ from kvdiverge.analysis.estimands import (  # noqa: E402
     study_seed,
     write_estimands,
 )
-from kvdiverge.analysis.prespecification import check_lock  # noqa: E402
+from kvdiverge.analysis.prespecification import (  # noqa: E402
+    check_lock,
+    endpoint_fingerprint,
+    registration_line,
+)
 from kvdiverge.io.trajectories import read_trajectory_metadata  # noqa: E402
 from kvdiverge.pipeline.rule_inputs import keyed_inputs  # noqa: E402
 
 p = snakemake.params
 study = p.study
 # Before any work: the config still implies the lock and every later rollout group's amendment,
-# and each evaluation file ran under its group's.
+# each evaluation file ran under its group's, and the code computing the endpoints is the
+# registered code.
 amendment_files = keyed_inputs(snakemake.input, "amendment")
 amendments = {group: (amendment_files[group], spec) for group, spec in p.amendments.items()}
 lock = check_lock(
@@ -28,7 +35,9 @@ lock = check_lock(
     p.prespecified,
     {path: read_trajectory_metadata(path) for path in snakemake.input.trajectories},
     amendments,
+    endpoint_code=endpoint_fingerprint(os.path.join(snakemake.scriptdir, "estimands.py")),
 )
+log.info("%s", registration_line(lock))
 log.info("lock %s holds for %d evaluation files", lock["hash"], len(snakemake.input.trajectories))
 contrasts = [tuple(c) for c in p.contrasts] if p.contrasts else None
 tables = []
@@ -57,4 +66,6 @@ for model, path in keyed_inputs(snakemake.input, "stats").items():
         )
     )
     log.info("%s: %d rows", model, tables[-1].height)
-write_estimands(pl.concat(tables), snakemake.output.csv, snakemake.output.md)
+write_estimands(
+    pl.concat(tables), snakemake.output.csv, snakemake.output.md, header=registration_line(lock)
+)

@@ -13,11 +13,25 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job  # noqa: E402
-from kvdiverge.io.locks import evaluation_cohorts, read_lock  # noqa: E402
+from kvdiverge.io.locks import (  # noqa: E402
+    check_evaluation_documents,
+    evaluation_cohorts,
+    evaluation_seed,
+    read_lock,
+)
 
 lock = read_lock(snakemake.input.lock)
+check_evaluation_documents(lock, snakemake.input.lock, snakemake.input.documents)
 cohorts = evaluation_cohorts(lock)
-log.info("lock %s: K = %d (%s)", lock["hash"], lock["design"]["K"], lock["design"]["K_setting"])
+# the evaluation's seed comes from the registration: a new registration, new trajectories
+seed = evaluation_seed(lock)
+log.info(
+    "lock %s: K = %d (%s), evaluation seed %d",
+    lock["hash"],
+    lock["design"]["K"],
+    lock["design"]["K_setting"],
+    seed,
+)
 transformers.utils.logging.disable_progress_bar()  # weight-loading bars; tqdm per document stays
 torch.set_num_threads(snakemake.threads)
 params = snakemake.params
@@ -29,7 +43,7 @@ run_stratum_rollout_job(
     cohorts=cohorts,
     settings=RolloutSettings(
         H=params.H,
-        seed=params.seed,
+        seed=seed,
         coupling=params.coupling,
         max_batch_rows=params.max_batch_rows,
     ),

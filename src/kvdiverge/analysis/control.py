@@ -23,14 +23,17 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import polars as pl
 
+from kvdiverge.io.swrb_records import read_swrb_metadata, read_swrb_records, record_arrays
 from kvdiverge.io.trajectories import read_trajectories, read_trajectory_metadata
 
 __all__ = [
     "CONTROL_TOLERANCE",
     "ControlCheckError",
     "check_full_retention_control",
+    "check_swrb_control",
     "control_tolerance",
     "control_violations",
 ]
@@ -114,4 +117,28 @@ def check_full_retention_control(paths: Iterable[str | os.PathLike]) -> None:
                 f"(replicate {row['replicate']}, step {row['t']}: X={row['x_token']}, "
                 f"Y={row['y_token']}, δ={row['tv_rollout']:.3g}, f={row['tv_fixed']:.3g}); "
                 f"{bad.height} step(s) in {n_docs} document(s) deviate from {allowed}"
+            )
+
+
+def check_swrb_control(paths: Iterable[str | os.PathLike]) -> None:
+    """The same check for SWRB record files of the full-retention control (``rollout.coupling:
+    swrb``): its trunk's overlap defects e_s = TV(P, Q) must be 0 at every step, up to the
+    tolerance of the file's device and dtype (:func:`control_tolerance`); else one line naming
+    the file and the first offending document, replicate and step."""
+    for path in paths:
+        tolerance = control_tolerance(read_swrb_metadata(path))
+        arrays = record_arrays(read_swrb_records(path))
+        e = arrays["e"]
+        if e.size == 0:
+            continue
+        bad = ~np.isfinite(e) | (e > tolerance)
+        if bad.any():
+            row, step = np.argwhere(bad)[0]
+            n_docs = len(set(arrays["doc_id"][bad.any(1)].tolist()))
+            allowed = "e ≡ 0" if tolerance == 0 else f"e ≤ {tolerance:g}"
+            raise ControlCheckError(
+                f"{path}: full-retention control failed for document "
+                f"{arrays['doc_id'][row]!r} (replicate {arrays['replicate'][row]}, step "
+                f"{step + 1}: e={e[row, step]:.3g}, max e={np.nanmax(e):.3g}); {int(bad.sum())} "
+                f"step(s) in {n_docs} document(s) deviate from {allowed}"
             )

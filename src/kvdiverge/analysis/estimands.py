@@ -386,15 +386,18 @@ _MARKDOWN_STRATUM_ESTIMANDS = (
 )
 
 
-def render_markdown(table: pl.DataFrame, digits: int = 4) -> str:
+def render_markdown(table: pl.DataFrame, digits: int = 4, header: str | None = None) -> str:
     """A Markdown rendering of an estimands table: pooled scalar estimands, and per-stratum rows
     of the headline estimands (profiles ``name@t`` are in the CSV only). Undefined values and
-    intervals show as ``NA``; "dropped draws" is the ``draws_dropped`` column."""
+    intervals show as ``NA``; "dropped draws" is the ``draws_dropped`` column. ``header``: a
+    line above the table (the lock's registration, :func:`kvdiverge.analysis.prespecification.
+    registration_line`)."""
     scalar = table.filter(~pl.col("estimand").str.contains("@"))
     keep = scalar.filter(
         (pl.col("stratum") == "pooled") | pl.col("estimand").is_in(_MARKDOWN_STRATUM_ESTIMANDS)
     )
-    lines = [
+    lines = [f"{header}", ""] if header else []
+    lines += [
         "| model | action | contrast | stratum | estimand | value | interval | level | docs "
         "| paths | dropped draws |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -413,8 +416,11 @@ def render_markdown(table: pl.DataFrame, digits: int = 4) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_estimands(table: pl.DataFrame, csv_path: str, md_path: str) -> None:
-    """Write the estimands table as CSV and its Markdown rendering, both atomically."""
+def write_estimands(
+    table: pl.DataFrame, csv_path: str, md_path: str, header: str | None = None
+) -> None:
+    """Write the estimands table as CSV and its Markdown rendering (``header`` above it), both
+    atomically."""
     with atomic_path(csv_path, suffix=".csv") as tmp:
         table.write_csv(tmp)
-    atomic_write_text(md_path, render_markdown(table))
+    atomic_write_text(md_path, render_markdown(table, header=header))

@@ -46,12 +46,16 @@ rolled out under its group's; either failure is one line naming the changed fiel
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kvdiverge.analysis.groups import study_groups
+from kvdiverge.io.files import atomic_write_text
 from kvdiverge.io.locks import (
     _RERUN,
     AMENDMENT_FIELDS,
@@ -62,22 +66,31 @@ from kvdiverge.io.locks import (
     read_lock,
     write_lock,
 )
+from kvdiverge.pipeline.provenance import code_text, script_fingerprint
 
 __all__ = [
     "AMENDMENT_FIELDS",
     "LOCK_FIELDS",
     "PrespecificationError",
     "check_lock",
+    "endpoint_fingerprint",
     "evaluation_cohorts",
     "first_difference",
+    "history_path",
     "lock_hash",
     "make_amendment",
     "make_lock",
     "prespecified",
     "prespecified_group",
+    "read_history",
     "read_lock",
+    "register",
+    "registration_line",
     "write_lock",
 ]
+
+HISTORY_NAME = "lock_history.jsonl"
+"""The registrations of a study's lock, one JSON line each, beside ``lock.json``."""
 
 
 def _endpoints(config: Mapping[str, Any], study: str, compared: Sequence[str]) -> Any:
@@ -170,11 +183,20 @@ def prespecified_group(
     return {"study": study, "group": group, "design": design, "endpoints": endpoints}
 
 
-def make_lock(spec: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+def make_lock(
+    spec: Mapping[str, Any],
+    plan: Mapping[str, Any],
+    documents: Mapping[str, str] | None = None,
+    endpoint_code: str | None = None,
+) -> dict[str, Any]:
     """The lock of a :func:`prespecified` ``spec`` with its ``plan`` (module docstring).
 
     The design's ``K_setting`` is the config's ``K``; ``K`` is that integer when pinned, else
-    the plan's ``K_planned``.
+    the plan's ``K_planned``. ``documents``: the evaluation documents' digest per stratum
+    (:func:`kvdiverge.io.locks.evaluation_documents_digest`), recorded as ``design.documents``;
+    ``endpoint_code``: the fingerprint of the code that computes the endpoints, recorded as
+    ``endpoints.code`` (a study with endpoints). The plan's ``measured`` seconds (different on
+    every machine) stay out of the lock.
     """
     design = dict(spec["design"])
     setting = design.pop("K")
@@ -190,11 +212,16 @@ def make_lock(spec: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any
         raise PrespecificationError(
             f"design.K: expected 'plan' or an integer >= 1, got {setting!r}"
         )
+    if documents is not None:
+        design["documents"] = dict(documents)
+    endpoints = spec["endpoints"]
+    if endpoints is not None and endpoint_code is not None:
+        endpoints = {**endpoints, "code": endpoint_code}
     lock = {
         "study": spec["study"],
         "design": {**design, "K_setting": setting, "K": resolved},
-        "endpoints": spec["endpoints"],
-        "plan": dict(plan),
+        "endpoints": endpoints,
+        "plan": {k: v for k, v in plan.items() if k != "measured"},
     }
     # through JSON, so that a lock compares equal to the same lock read back from its file
     lock = json.loads(json.dumps(lock, allow_nan=False))
@@ -267,8 +294,13 @@ def check_lock(
     spec: Mapping[str, Any],
     trajectories: Mapping[str, Mapping[str, Any]],
     amendments: Mapping[str, tuple[str | os.PathLike, Mapping[str, Any]]] | None = None,
+    endpoint_code: str | None = None,
 ) -> dict[str, Any]:
     """Refuse, in one line, an analysis whose lock no longer holds; return the lock.
+
+    ``endpoint_code``: the fingerprint of the code computing the endpoints now (the estimands
+    script's, :func:`kvdiverge.pipeline.provenance.script_fingerprint`); it must equal the one
+    the lock registered (``endpoints.code``), else one line.
 
     ``path``: the study's lock; ``spec``: :func:`prespecified` of the current config;
     ``trajectories``: the metadata of every evaluation trajectory file, by path;
@@ -279,7 +311,15 @@ def check_lock(
     carries its group's hash (the group found from the action named in the file's metadata).
     """
     lock = read_lock(path)
-    _check_unchanged(path, lock, make_lock(spec, lock["plan"]), LOCK_FIELDS)
+    code = (lock["endpoints"] or {}).get("code")
+    now = make_lock(spec, lock["plan"], lock["design"].get("documents"), code)
+    _check_unchanged(path, lock, now, LOCK_FIELDS)
+    if code is not None and endpoint_code is not None and endpoint_code != code:
+        raise PrespecificationError(
+            f"{path}: the code that computes the locked endpoints changed after registration "
+            f"(fingerprint {endpoint_code}, registered {code}); restore it, or register anew: "
+            f"delete {path} and rerun the workflow (docs/prespecification.md)"
+        )
     under = {name: (path, lock["hash"]) for name in lock["design"]["actions"]}
     for group_path, group_spec in (amendments or {}).values():
         amendment = read_lock(group_path)
@@ -301,3 +341,105 @@ def check_lock(
                 f"{_RERUN}"
             )
     return lock
+
+
+def history_path(lock_path: str | os.PathLike) -> Path:
+    """The registration history beside a lock (:data:`HISTORY_NAME`)."""
+    return Path(lock_path).with_name(HISTORY_NAME)
+
+
+def read_history(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every registration of a history file, oldest first (none when it does not exist); a
+    line that is not a registration is one line naming the file and line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    entries = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PrespecificationError(
+                f"{path}:{number}: not a registration ({exc.msg}); the history is append-only, "
+                f"restore the line"
+            ) from exc
+        if not isinstance(entry, dict) or not {"number", "time", "reason", "lock"} <= set(entry):
+            raise PrespecificationError(
+                f"{path}:{number}: not a registration (expected number, time, reason, lock)"
+            )
+        entries.append(entry)
+    return entries
+
+
+def _reason(previous: Mapping[str, Any] | None, lock: Mapping[str, Any]) -> str:
+    if previous is None:
+        return "first registration"
+    if previous.get("hash") == lock["hash"]:
+        return "registered again unchanged (same hash: the same evaluation trajectories)"
+    changed = first_difference(
+        {k: previous.get(k) for k in LOCK_FIELDS}, {k: lock[k] for k in LOCK_FIELDS}
+    )
+    if changed is None:
+        return "registered again"
+    field, was, now = changed
+    return f"{field} changed (was {_short(was)}, now {_short(now)})"
+
+
+def register(
+    lock: Mapping[str, Any],
+    lock_path: str | os.PathLike,
+    reason: str | None = None,
+    time: datetime | None = None,
+) -> dict[str, Any]:
+    """Append ``lock``'s registration to the history beside ``lock_path`` (append-only: the
+    earlier lines are kept as they are) and return the lock with its ``registration``:
+    ``number`` (1 for the first), ``earlier`` (registrations before it), ``time`` (UTC),
+    ``reason`` (by default the first field that changed since the previous registration) and
+    ``history`` (the file). The registration is not hashed: registering unchanged content
+    again keeps the hash and so the evaluation seed."""
+    path = history_path(lock_path)
+    history = read_history(path)
+    previous = history[-1]["lock"] if history else None
+    stamp = (time or datetime.now(UTC)).isoformat(timespec="seconds")
+    entry = {
+        "number": len(history) + 1,
+        "time": stamp,
+        "reason": reason or _reason(previous, lock),
+        "hash": lock["hash"],
+        "lock": {k: lock[k] for k in (*LOCK_FIELDS, "hash")},
+    }
+    before = path.read_text(encoding="utf-8") if path.exists() else ""
+    if before and not before.endswith("\n"):
+        before += "\n"
+    line = json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    atomic_write_text(path, before + line + "\n")
+    registration = {k: entry[k] for k in ("number", "time", "reason")}
+    registration.update(earlier=len(history), history=str(path))
+    return {**lock, "registration": registration}
+
+
+def registration_line(lock: Mapping[str, Any]) -> str:
+    """One line saying which registration of its study a lock is and how many came before."""
+    reg = lock.get("registration")
+    if not reg:
+        return f"Lock {lock['hash']} of {lock['study']} (no registration record)."
+    earlier = reg["earlier"]
+    before = (
+        "no earlier registration"
+        if earlier == 0
+        else (f"{earlier} earlier registration{'s' if earlier != 1 else ''}")
+    )
+    return (
+        f"Registration {reg['number']} of {lock['study']} (lock {lock['hash']}, {reg['time']}; "
+        f"{before}; {reg['reason']})."
+    )
+
+
+def endpoint_fingerprint(script: str | os.PathLike) -> str:
+    """The fingerprint of the code that computes a study's endpoints: the script's own code
+    (:func:`kvdiverge.pipeline.provenance.code_text`) and
+    :func:`~kvdiverge.pipeline.provenance.script_fingerprint` of every package module it
+    reaches; docstrings and comments aside."""
+    source = Path(script).read_text(encoding="utf-8")
+    text = f"{script_fingerprint(script)}\0{code_text(source)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

