@@ -1,10 +1,10 @@
 """The accuracy figure: task accuracy beside divergence timing, from the long accuracy table.
 
 Panel (a): the accuracy drop X − Y per action (full cache minus the action's cache, paired
-document-bootstrap intervals). Panel (b): on the paths of each divergence timing (early τ ≤ d,
-late d < τ ≤ H, never), the accuracy of the action's generation Y (filled markers) and of the
-full cache's X on the same paths (hollow markers), so a reader sees whether early divergence
-costs more accuracy than late. Reads only the table written by
+document-bootstrap intervals), one row per action (long names wrap). Panel (b): on the paths of each
+divergence timing (early τ ≤ d, late d < τ ≤ H, never), the accuracy of the action's generation Y
+(filled markers) and of the full cache's X on the same paths (hollow markers), so a reader sees
+whether early divergence costs more accuracy than late. Reads only the table written by
 :func:`kvdiverge.analysis.accuracy.write_accuracy`, drawn in the house style
 (:mod:`kvdiverge.plots.base`) with the study's action styles (:func:`kvdiverge.plots.study.
 action_styles`).
@@ -13,6 +13,7 @@ action_styles`).
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import matplotlib
@@ -23,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from kvdiverge.plots.base import (  # noqa: E402
     TEXT_WIDTH,
@@ -55,7 +57,10 @@ def _rows(table: pl.DataFrame, model: str, estimand: str, action: str, where: st
     return rows.row(0, named=True)
 
 
-def _point(ax: plt.Axes, x: float, row: Mapping, style: SeriesStyle, filled: bool) -> None:
+def _point(
+    ax: plt.Axes, x: float, row: Mapping, style: SeriesStyle, filled: bool, horizontal: bool = False
+) -> None:
+    """One estimate with its interval at position ``x`` (on the y axis when ``horizontal``)."""
     v = row["value"]
     if v is None or not np.isfinite(v):
         return
@@ -63,10 +68,11 @@ def _point(ax: plt.Axes, x: float, row: Mapping, style: SeriesStyle, filled: boo
     err = None
     if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
         err = [[v - lo], [hi - v]]
+    where = {"xerr": err} if horizontal else {"yerr": err}
     ax.errorbar(
-        [x],
-        [v],
-        yerr=err,
+        [v] if horizontal else [x],
+        [x] if horizontal else [v],
+        **where,
         fmt=style.marker,
         ms=5,
         lw=1.1,
@@ -90,22 +96,28 @@ def plot_accuracy(
     actions = list(actions) if actions is not None else list(dict.fromkeys(table["action"]))
     styles = dict(styles) if styles is not None else action_styles(actions)
     models = list(dict.fromkeys(table["model"]))
+    wrapped = [textwrap.fill(a, 24, break_on_hyphens=False) for a in actions]
+    lines = sum(w.count("\n") + 1 for w in wrapped)
     fig, axes = new_figure(
-        TEXT_WIDTH, 2.5 * len(models), len(models), 2, gridspec_kw={"width_ratios": [1, 2]}
+        TEXT_WIDTH,
+        max(2.5, 0.9 + 0.2 * lines + 0.08 * len(actions)) * len(models),
+        len(models),
+        2,
+        gridspec_kw={"width_ratios": [1, 2]},
     )
     width = 0.7 / max(len(actions), 1)
     for i, model in enumerate(models):
         ax_a, ax_b = axes[i]
         for j, action in enumerate(actions):
-            _point(
-                ax_a, j, _rows(table, model, "accuracy_drop", action, where), styles[action], True
-            )
-        ax_a.axhline(0, color="black", lw=0.8, zorder=1)
-        ax_a.set_xticks(range(len(actions)), actions, rotation=30, ha="right")
-        ax_a.set_xlim(-0.6, len(actions) - 0.4)
-        ax_a.grid(axis="x", visible=False)
-        ax_a.yaxis.set_major_formatter(PercentTicks(""))
-        ax_a.set_ylabel("accuracy drop X − Y, pp")
+            row = _rows(table, model, "accuracy_drop", action, where)
+            _point(ax_a, j, row, styles[action], True, horizontal=True)
+        ax_a.axvline(0, color="black", lw=0.8, zorder=1)
+        ax_a.set_yticks(range(len(actions)), wrapped)
+        ax_a.set_ylim(len(actions) - 0.4, -0.6)
+        ax_a.grid(axis="y", visible=False)
+        ax_a.xaxis.set_major_formatter(PercentTicks(""))
+        ax_a.xaxis.set_major_locator(MaxNLocator(4))
+        ax_a.set_xlabel("accuracy drop X − Y, pp")
         suffix = f", {model}" if len(models) > 1 else ""
         ax_a.set_title(f"(a) drop against the full cache{suffix}")
         for k, cls in enumerate(_CLASSES):

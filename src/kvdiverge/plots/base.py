@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ matplotlib.use("Agg")
 # into the figure jobs' logs: only its warnings are kept.
 logging.getLogger("fontTools").setLevel(logging.WARNING)
 
+import matplotlib.legend  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import seaborn as sns  # noqa: E402
@@ -205,20 +207,54 @@ def interval_band(
         )
 
 
+_LEGEND_ROOM = 0.6
+"""Inches of legend a figure's own height already allows for (a title and two rows); a taller
+legend makes the figure taller by the excess, so the panels keep their size."""
+
+
+def _legend_width(legend: matplotlib.legend.Legend, fig: plt.Figure) -> float:
+    return legend.get_window_extent(fig.canvas.get_renderer()).width
+
+
 def figure_legend(
     fig: plt.Figure, handles: Sequence, labels: Sequence[str], title: str | None = None, **kw
-) -> None:
-    """The figure's one legend, above the panels, outside them (constrained layout)."""
-    fig.legend(
-        handles,
-        labels,
-        loc="outside upper center",
-        ncol=kw.pop("ncol", min(len(labels), 4)),
-        title=title,
-        columnspacing=1.2,
-        handletextpad=0.5,
-        **kw,
-    )
+) -> matplotlib.legend.Legend:
+    """The figure's one legend, above the panels, outside them (constrained layout), fitted to
+    the figure's width: with fewer columns than ``ncol`` where the entries are too wide, and
+    with long labels and title wrapped onto several lines where even one column is; a legend
+    taller than :data:`_LEGEND_ROOM` makes the figure taller by the excess."""
+    labels = [str(label) for label in labels]
+    ncol = max(1, min(kw.pop("ncol", min(len(labels), 4)), len(labels)))
+    room = 0.96 * fig.get_figwidth() * fig.dpi
+
+    def draw(labels: Sequence[str], title: str | None, ncol: int) -> matplotlib.legend.Legend:
+        return fig.legend(
+            handles,
+            labels,
+            loc="outside upper center",
+            ncol=ncol,
+            title=title,
+            columnspacing=1.2,
+            handletextpad=0.5,
+            **kw,
+        )
+
+    legend = draw(labels, title, ncol)
+    while _legend_width(legend, fig) > room and ncol > 1:
+        legend.remove()
+        ncol -= 1
+        legend = draw(labels, title, ncol)
+    width = _legend_width(legend, fig)
+    if width > room:  # one column is still too wide: wrap the long texts
+        legend.remove()
+        chars = max(12, int(max(map(len, [*labels, title or ""])) * room / width) - 2)
+        labels = [textwrap.fill(label, chars, break_on_hyphens=False) for label in labels]
+        title = textwrap.fill(title, chars) if title else title
+        legend = draw(labels, title, ncol)
+    height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi
+    if height > _LEGEND_ROOM:
+        fig.set_figheight(fig.get_figheight() + height - _LEGEND_ROOM)
+    return legend
 
 
 def smallest_font(fig: plt.Figure) -> float:

@@ -5,6 +5,7 @@ draws the rest and writes them all)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import matplotlib
@@ -176,6 +177,17 @@ def plot_decomposition(
     width = min(TEXT_WIDTH, max(COLUMN_WIDTH, (0.9 + 0.9 * len(contrasts)) * len(models) + 0.7))
     fig, axes = new_figure(width, 3.1, 1, len(models), sharey=True)
     axis_span = _stack_span(rows, terms)
+    # tick labels wrapped to their slot; a common subtrahend (a baseline) said once, below
+    sides = [c.split(" - ", 1) for c in contrasts]
+    common = sides[0][1] if all(len(x) == 2 and x[1] == sides[0][1] for x in sides) else None
+    chars = max(8, int((width - 0.8) / len(models) / len(contrasts) * 13))
+
+    def wrap(text: str) -> str:
+        return textwrap.fill(text, chars, break_on_hyphens=False)
+
+    ticks = [
+        wrap(x[0]) if common is not None else "\n− ".join(wrap(part) for part in x) for x in sides
+    ]
     hidden = False
     for ax, model in zip(axes[0], models, strict=True):
         cell = rows.filter(pl.col("model") == model)
@@ -236,7 +248,9 @@ def plot_decomposition(
         ax.axhline(0, color="black", lw=0.8, zorder=1)
         ax.use_sticky_edges = False  # a margin beyond 0 too
         ax.margins(y=0.05)
-        ax.set_xticks(range(len(contrasts)), [c.replace(" - ", "\n− ") for c in contrasts])
+        ax.set_xticks(range(len(contrasts)), ticks)
+        if common is not None:
+            ax.set_xlabel(textwrap.fill(f"each minus {common}", int(chars * len(contrasts))))
         ax.set_xlim(-0.6, len(contrasts) - 0.25)
         ax.grid(axis="x", visible=False)
         _percent(ax, "")
