@@ -44,7 +44,13 @@ from kvdiverge.datasets.scoring import METRICS
 if TYPE_CHECKING:
     from kvdiverge.datasets.strata import DatasetsConfig, DocumentSlot, Stratum
 
-__all__ = ["FITS", "CustomEnvironment", "CustomRecord", "read_custom_records"]
+__all__ = [
+    "FITS",
+    "CustomEnvironment",
+    "CustomRecord",
+    "count_custom_records",
+    "read_custom_records",
+]
 
 FITS: tuple[str, ...] = ("as_given", "truncate")
 """The ways a custom prompt meets its stratum's length (module docstring)."""
@@ -164,6 +170,23 @@ def read_custom_records(path: str | os.PathLike) -> list[CustomRecord]:
     return records
 
 
+def count_custom_records(path: str | os.PathLike) -> int:
+    """The records of a prompts file, counted without checking them: the non-blank lines of a
+    ``.jsonl`` file, the rows of a ``.parquet`` file (from its footer); one-line
+    :class:`DatasetError` for a Parquet file that cannot be read."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        except Exception as exc:  # noqa: BLE001 - any pyarrow failure: one line naming the file
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DatasetError(f"{path}: not a readable Parquet file ({reason})") from None
+    with path.open("rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
 def _check_fit(record: CustomRecord, fit: str) -> None:
     count = record.prompt.count(PLACEHOLDER)
     if fit == "truncate" and record.context is None:
@@ -200,6 +223,31 @@ class CustomEnvironment(DatasetEnvironment):
                 f"{where}.metric: expected one of {', '.join(METRICS)}, got {metric!r}"
             )
         return {"options": (("fit", fit), ("metric", metric), ("path", path))}
+
+    def check_config(self, cfg: DatasetsConfig) -> None:
+        """Before any job (the workflow's parse): each custom stratum's prompts file, where it
+        exists, holds records, and at least as many as the stratum's documents
+        (``datasets.cohorts``, summed); a file with none, or too few, is one line naming the
+        stratum's ``path`` field. The records themselves are checked by the documents job."""
+        needed = sum(cfg.cohorts.values())
+        for i, stratum in enumerate(cfg.strata):
+            if stratum.env != self.name:
+                continue
+            path = Path(stratum.option("path"))
+            if not path.is_file():
+                continue  # the documents job names the missing file
+            count = count_custom_records(path)
+            where = f"config.datasets.strata[{i}].path"
+            if count == 0:
+                raise DatasetError(
+                    f"{where}: {path} holds no records (expected one JSON object per line, "
+                    "or one Parquet row, per prompt)"
+                )
+            if count < needed:
+                raise DatasetError(
+                    f"{where}: stratum {stratum.name}: the plan needs {needed} documents but "
+                    f"{path} holds {count} records; add records or lower datasets.cohorts"
+                )
 
     def tasks(self, cfg: DatasetsConfig, stratum: Stratum) -> tuple[str, ...]:
         """One plan task; each document's ``task`` comes from its record."""
