@@ -1,10 +1,12 @@
 """The ``kvdiverge`` console script.
 
-``kvdiverge compare --model M --prompts FILE --actions a,b [--K 4] [--H 32] [--out DIR]`` runs a
-small study without Snakemake (:func:`kvdiverge.compare.compare`) and writes Table 1, the
-figure-5 divergence CDF and the accuracy table and figure into ``--out``. ``kvdiverge --help``
-lists the commands; ``kvdiverge compare --help`` its options. A bad input is one line on
-standard error and exit status 2.
+``kvdiverge compare --model M --prompts FILE --actions a,b [--baseline B] [--K 4] [--H 32]
+[--temperature 1] [--out DIR] [--force]`` runs a small study without Snakemake
+(:func:`kvdiverge.compare.compare`) and writes Table 1, the figure-5 divergence CDF, the accuracy
+table and figure, the generations side by side and, with a baseline, the contrasts against it
+into ``--out`` (default: a fresh ``kvdiverge-compare-YYYYMMDD-HHMMSS`` folder per run).
+``kvdiverge --help`` lists the commands; ``kvdiverge compare --help`` its options. A bad input
+is one line on standard error and exit status 2.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from kvdiverge import __version__
 __all__ = ["main"]
 
 _ACTIONS_HELP = (
-    "comma-separated actions, each SELECTOR[@BUDGET][+KEY=VALUE]...: e.g. "
-    "snapkv@0.5,recent@0.5 or snapkv@512+window=16, full, kvpress@0.5+press=KnormPress, "
-    "package.module:Class@0.5 (budget: a fraction in (0, 1] or a token count)"
+    "comma-separated actions, each [LABEL=]SELECTOR[@BUDGET][+KEY=VALUE]...: e.g. "
+    "snapkv@0.5,recent@0.5 or mine=my_methods:SinkStride@0.5, snapkv@512+window=16, full, "
+    "kvpress@0.5+press=KnormPress (budget: a fraction in (0, 1] or a token count; the label, "
+    "else the text itself, names the action in tables, figures and file names; a "
+    "module:Class selector imports from the current folder too)"
 )
 
 
@@ -50,10 +54,28 @@ def _parser() -> argparse.ArgumentParser:
         help="JSONL or Parquet file of records: prompt, answers, optional id, task, context",
     )
     compare.add_argument("--actions", required=True, help=_ACTIONS_HELP)
+    compare.add_argument(
+        "--baseline",
+        help="the action every other one is contrasted against: a label of --actions or an "
+        "action of its own (e.g. snapkv=snapkv@0.5); writes contrasts.{csv,md}, summary.md and "
+        "the contrast and decomposition figures",
+    )
     compare.add_argument("--K", type=int, default=4, help="replicates per prompt (default 4)")
     compare.add_argument("--H", type=int, default=32, help="generated tokens (default 32)")
     compare.add_argument(
-        "--out", default="kvdiverge-compare", help="output folder (default kvdiverge-compare)"
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="decoding temperature (default 1; 0: greedy, then K = 1)",
+    )
+    compare.add_argument(
+        "--out",
+        help="output folder, new or empty (default: a fresh kvdiverge-compare-YYYYMMDD-HHMMSS)",
+    )
+    compare.add_argument(
+        "--force",
+        action="store_true",
+        help="reuse a non-empty --out: replace what an earlier compare wrote there, nothing else",
     )
     compare.add_argument("--seed", type=int, default=0, help="seed of the coupling (default 0)")
     compare.add_argument("--draws", type=int, default=1000, help="bootstrap draws (default 1000)")
@@ -73,16 +95,21 @@ def _compare(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from kvdiverge.compare import compare
+    from kvdiverge.compare.actions import add_cwd_to_path
+    from kvdiverge.compare.folder import default_out
 
     hf_logging.disable_progress_bar()  # no weight-loading bar: one line per step instead
-
+    add_cwd_to_path([*args.actions.split(","), *([args.baseline] if args.baseline else [])])
     result = compare(
         args.model,
         args.prompts,
         args.actions,
+        baseline=args.baseline,
         K=args.K,
         H=args.H,
-        out=args.out,
+        temperature=args.temperature,
+        out=args.out if args.out is not None else default_out(),
+        force=args.force,
         seed=args.seed,
         draws=args.draws,
         level=args.level,
@@ -92,9 +119,11 @@ def _compare(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code,
         log=lambda message: print(message, file=sys.stderr),
     )
-    for name, path in result.files.items():
-        if not name.startswith("trajectories/"):
-            print(path)
+    shown = ("summary.md", "contrasts.csv", "table1.html", "generations.html")
+    shown += ("fig5_divergence_cdf.png", "contrasts.png", "accuracy.png", "estimands.csv")
+    for name in shown:
+        if name in result.files:
+            print(result.files[name])
     return 0
 
 

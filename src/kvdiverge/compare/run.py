@@ -4,17 +4,18 @@
 them: the prompts become a ``custom`` stratum's documents (:mod:`kvdiverge.datasets.custom`,
 prompts as given), the model and every document are checked before the model loads
 (:mod:`kvdiverge.engine.preflight`), the coupled rollouts run through
-:func:`kvdiverge.engine.rollout_job.rollout_documents_actions` and are written as trajectory files,
-the
-document statistics, estimands and accuracy follow (:mod:`kvdiverge.analysis`), and Table 1, the
-figure-5 divergence CDF and the accuracy table and figure are written into one folder
-(:mod:`kvdiverge.tables`, :mod:`kvdiverge.plots`). It returns the tables as polars frames.
+:func:`kvdiverge.engine.rollout_job.rollout_documents_actions` and are written as trajectory
+files, the document statistics, estimands and accuracy follow (:mod:`kvdiverge.analysis`), and
+Table 1, the figure-5 divergence CDF, the accuracy table and figure, the generations side by side
+and, with a baseline, the contrasts against it are written into one folder. It returns the tables
+as polars frames.
 
-Actions are named on the command line as ``SELECTOR[@BUDGET][+KEY=VALUE]...``
-(:func:`parse_action_list`): ``snapkv@0.5``, ``recent@512``, ``full``,
-``snapkv@0.5+window=16``, ``kvpress@0.5+press=KnormPress`` or ``package.module:Class@0.5``
-— the ``selector``, ``budget`` and parameters of a config's action entry
-(:func:`kvdiverge.eviction.parse_action`); the text is the action's name.
+Actions are ``[LABEL=]SELECTOR[@BUDGET][+KEY=VALUE]...`` items
+(:mod:`kvdiverge.compare.actions`): ``snapkv@0.5``, ``mine=my_methods:SinkStride@0.5``,
+``snapkv@0.5+window=16``, ``kvpress@0.5+press=KnormPress`` — the ``selector``, ``budget`` and
+parameters of a config's action entry (:func:`kvdiverge.eviction.parse_action`); the label (the
+spec text when none is given) is the action's name in every table and figure, escaped in file
+names.
 """
 
 from __future__ import annotations
@@ -28,27 +29,31 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import yaml
 
-from kvdiverge.eviction import ActionError, ActionSpec, parse_action
+from kvdiverge.compare.actions import (
+    CompareError,
+    LabelledAction,
+    parse_actions,
+    with_baseline,
+)
+from kvdiverge.compare.folder import check_out, claim_out, finish_out
 
-__all__ = ["CompareError", "CompareResult", "compare", "parse_action_list"]
+__all__ = ["CompareResult", "compare", "planned_files"]
 
 STRATUM_LABEL = "prompts"
 """Label of the one ``custom`` stratum the prompts form (documents ``custom-prompts/...``)."""
 COHORT = "study1"
 
-
-class CompareError(ValueError):
-    """A bad input of :func:`compare` (one line naming the option or file)."""
+_TABLE_FORMATS = ("csv", "md", "tex", "html")
 
 
 @dataclass
 class CompareResult:
     """What :func:`compare` computed: the long estimands and accuracy tables, Table 1 and the
     accuracy table (their CSV frames), the pooled divergence CDF (action, t, value, interval),
-    the documents, every path's decoded X and Y texts with their scores and divergence timing
-    (``generations``), and the paths written (by name)."""
+    the documents, every path's texts side by side with their scores and divergence step τ
+    (``generations``), the contrasts against the baseline and their sentences (empty without a
+    baseline), and the paths written (by name)."""
 
     estimands: pl.DataFrame
     table1: pl.DataFrame
@@ -57,60 +62,32 @@ class CompareResult:
     accuracy_table: pl.DataFrame
     documents: pl.DataFrame
     generations: pl.DataFrame
+    contrasts: pl.DataFrame | None = None
+    summary: str = ""
     files: dict[str, Path] = field(default_factory=dict)
 
 
-def _value(text: str) -> Any:
-    """A parameter value as YAML reads it (``16`` → int, ``0.5`` → float, ``true`` → bool)."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def parse_action_list(text: str | Sequence[str]) -> list[ActionSpec]:
-    """Actions from ``a,b,c`` (or a list of items), each ``SELECTOR[@BUDGET][+KEY=VALUE]...``
-    (module docstring), checked by :func:`kvdiverge.eviction.parse_action`; one-line
-    :class:`CompareError` naming the item."""
-    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
-    if not items or any(not t for t in items):
-        raise CompareError(f"--actions: expected comma-separated actions, got {text!r}")
-    dup = sorted({t for t in items if items.count(t) > 1})
-    if dup:
-        raise CompareError(f"--actions: action {dup[0]!r} given twice")
-    specs = []
-    for item in items:
-        head, *params = item.split("+")
-        selector, at, budget = head.partition("@")
-        spec: dict[str, Any] = {"selector": selector}
-        if at:
-            spec["budget"] = _value(budget)
-        for p in params:
-            key, eq, value = p.partition("=")
-            if not eq or not key:
-                raise CompareError(f"--actions: {item!r}: expected KEY=VALUE after '+', got {p!r}")
-            spec[key] = _value(value)
-        try:
-            specs.append(parse_action(spec, name=item))
-        except ActionError as exc:
-            raise CompareError(f"--actions: {exc}") from None
-    return specs
-
-
-def _check_numbers(K: int, H: int, draws: int, level: float) -> None:
-    if not isinstance(K, int) or K < 1:
+def _check_numbers(K: int, H: int, draws: int, level: float, temperature: float) -> None:
+    if not isinstance(K, int) or isinstance(K, bool) or K < 1:
         raise CompareError(f"--K: expected an integer >= 1, got {K!r}")
-    if not isinstance(H, int) or H < 4:
+    if not isinstance(H, int) or isinstance(H, bool) or H < 4:
         raise CompareError(f"--H: expected an integer >= 4 (the analysis clock), got {H!r}")
-    if not isinstance(draws, int) or draws < 1:
+    if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
         raise CompareError(f"--draws: expected an integer >= 1, got {draws!r}")
-    if not 0 < level < 1:
+    if not isinstance(level, float | int) or not 0 < level < 1:
         raise CompareError(f"--level: expected a number in (0, 1), got {level!r}")
+    ok = isinstance(temperature, float | int) and not isinstance(temperature, bool)
+    if not ok or not 0 <= temperature < float("inf"):
+        raise CompareError(
+            f"--temperature: expected a finite number >= 0 (0: greedy), got {temperature!r}"
+        )
 
 
-def _documents(prompts: Path, H: int, metric: str, length_fn: Callable) -> pl.DataFrame:
-    """The prompts as a custom stratum's documents (all in cohort study1), as given; their
-    lengths against the model's window are checked by the caller."""
+def _documents(
+    prompts: Path, H: int, metric: str, length_fn: Callable
+) -> tuple[pl.DataFrame, list]:
+    """The prompts as a custom stratum's documents (all in cohort study1), as given, and the
+    records they came from (the same order); lengths are checked by the caller."""
     from kvdiverge.datasets import DatasetError, DatasetsConfig, materialize_stratum
     from kvdiverge.datasets.custom import read_custom_records
 
@@ -135,45 +112,71 @@ def _documents(prompts: Path, H: int, metric: str, length_fn: Callable) -> pl.Da
     }
     try:
         cfg = DatasetsConfig.from_config(section)
-        return materialize_stratum(cfg, cfg.strata[0].name, length_fn)
+        documents = materialize_stratum(cfg, cfg.strata[0].name, length_fn)
     except DatasetError as exc:
         raise CompareError(str(exc)) from None
+    return documents, records
+
+
+def _user_keys(documents: pl.DataFrame, records: Sequence, prompts: Path) -> pl.DataFrame:
+    """doc_id → the user's ``id`` (null when the record has none) and ``line`` (``line 3`` of a
+    JSONL file, ``row 3`` of a Parquet file), checked against each document's source."""
+    keys = []
+    for doc_id, source in documents.select("doc_id", "source").rows():
+        index = int(doc_id.rsplit("/", 1)[1])
+        record = records[index]
+        line = record.where.rsplit(", ", 1)[1]
+        label = record.id if record.id is not None else line
+        expected = f"custom:{prompts}#{label}"
+        if source != expected and not source.startswith(expected + " "):
+            raise CompareError(f"{prompts}: document {doc_id!r} does not match {record.where}")
+        keys.append({"doc_id": doc_id, "user_id": record.id, "line": line})
+    return pl.DataFrame(keys, schema={"doc_id": pl.String, "user_id": pl.String, "line": pl.String})
+
+
+def _name_user_prompt(message: str, keys: pl.DataFrame) -> str:
+    """A preflight message with the generated doc_id replaced by the user's id and line."""
+    for doc_id, user_id, line in keys.rows():
+        named = f"prompt {user_id!r} ({line})" if user_id is not None else f"the prompt of {line}"
+        message = message.replace(f"doc_id {doc_id!r}", named)
+    return message
+
+
+def planned_files(actions: Sequence[LabelledAction], baseline: str | None) -> list[str]:
+    """Every file :func:`compare` writes, relative to its folder."""
+    files = ["documents.parquet", "estimands.csv", "estimands.md"]
+    files += [f"trajectories/{a.file_stem}.parquet" for a in actions]
+    files += [f"table1.{e}" for e in _TABLE_FORMATS]
+    files += ["fig5_divergence_cdf.png", "fig5_divergence_cdf.pdf", "accuracy.csv"]
+    files += [f"table_accuracy.{e}" for e in _TABLE_FORMATS]
+    files += ["accuracy.png", "accuracy.pdf", "generations.parquet", "generations.html"]
+    if baseline is not None:
+        files += ["contrasts.csv", "contrasts.md", "summary.md"]
+        files += ["contrasts.png", "contrasts.pdf", "decomposition.png", "decomposition.pdf"]
+    return files
 
 
 def _write_trajectories(
     frames: dict[str, pl.DataFrame],
-    specs: Sequence[ActionSpec],
+    actions: Sequence[LabelledAction],
     folder: Path,
-    model: str | os.PathLike,
-    H: int,
-    K: int,
-    seed: int,
-    settings: Any,
-    lm: Any,
-    eos: Sequence[int],
+    metadata: dict[str, Any],
 ) -> dict[str, list[Path]]:
-    """Each action's trajectory file ``folder/trajectories/<action>.parquet`` with the
-    contract's metadata (:mod:`kvdiverge.io.trajectories`)."""
+    """Each action's trajectory file ``folder/trajectories/<escaped label>.parquet`` with the
+    contract's metadata (:mod:`kvdiverge.io.trajectories`), its label and spec text."""
     from kvdiverge.io.trajectories import write_trajectories
 
     paths = {}
-    for a in specs:
-        path = folder / "trajectories" / f"{a.name}.parquet"
-        metadata = {
-            "model": {"name": Path(str(model)).name, "path": str(model)},
-            "revision": None,
-            "action": a.as_dict(),
-            "H": H,
-            "K": {COHORT: K},
-            "seed": seed,
-            "coupling": settings.coupling,
-            "dtype": str(lm.dtype).removeprefix("torch."),
-            "device": str(lm.device),
-            "eos_ids": list(eos),
-            "n_documents": frames[a.name]["doc_id"].n_unique(),
+    for a in actions:
+        path = folder / "trajectories" / f"{a.file_stem}.parquet"
+        meta = metadata | {
+            "action": a.action.as_dict(),
+            "label": a.label,
+            "spec": a.spec,
+            "n_documents": frames[a.label]["doc_id"].n_unique(),
         }
-        write_trajectories(frames[a.name], path, metadata)
-        paths[a.name] = [path]
+        write_trajectories(frames[a.label], path, meta)
+        paths[a.label] = [path]
     return paths
 
 
@@ -182,9 +185,12 @@ def compare(
     prompts: str | os.PathLike,
     actions: str | Sequence[str],
     *,
+    baseline: str | None = None,
     K: int = 4,
     H: int = 32,
+    temperature: float = 1.0,
     out: str | os.PathLike | None = None,
+    force: bool = False,
     seed: int = 0,
     draws: int = 1000,
     level: float = 0.95,
@@ -199,51 +205,34 @@ def compare(
 
     ``model``: a local model folder or a hub id in the cache; ``prompts``: a ``.jsonl`` or
     ``.parquet`` file of records (``prompt``, ``answers``, optional ``id``, ``task``, ``context``);
-    ``actions``: ``"a,b"`` or a list (:func:`parse_action_list`); ``K`` replicates per prompt
-    and action; ``H`` generated tokens; ``out`` (optional) the folder for the files;
-    ``metric``: the accuracy metric (:data:`kvdiverge.datasets.scoring.METRICS`). Every input is
-    checked
-    before the model loads; each failure is one :class:`CompareError` line.
+    ``actions``: ``"a,b"`` or a list of items (:func:`kvdiverge.compare.actions.parse_actions`);
+    ``baseline``: the label of one of them, or an action item of its own, that every other action
+    is contrasted against (``contrasts.csv``, ``summary.md``); ``K`` replicates per prompt and
+    action; ``H`` generated tokens; ``temperature``: the decoding temperature (0: greedy, and
+    K = 1 since every replicate is the same path); ``out`` (optional) the folder for the files,
+    new or empty unless ``force`` (which replaces only what an earlier compare wrote there:
+    :mod:`kvdiverge.compare.folder`); ``metric``: the accuracy metric
+    (:data:`kvdiverge.datasets.scoring.METRICS`). Every input is checked before the model
+    loads; each failure is one :class:`CompareError` line, and nothing is written.
 
-    Files in ``out``: ``documents.parquet``, ``trajectories/<action>.parquet``,
-    ``estimands.csv``, ``table1.{csv,md,tex,html}``, ``fig5_divergence_cdf.{png,pdf}``,
-    ``accuracy.csv``, ``table_accuracy.{csv,md,tex,html}``, ``accuracy.{png,pdf}`` and
-    ``generations.parquet`` (every path's texts, scores and divergence timing).
+    Files in ``out``: :func:`planned_files`.
     """
-    from kvdiverge.analysis.accuracy import (
-        TIMING_CLASSES,
-        accuracy_document_stats,
-        accuracy_table,
-        document_metrics,
-        path_scores,
-        timing_depth,
-        write_accuracy,
-    )
-    from kvdiverge.analysis.document_stats import document_stats
-    from kvdiverge.analysis.estimands import estimands_table, write_estimands
-    from kvdiverge.datasets import write_documents
     from kvdiverge.datasets.scoring import METRICS
     from kvdiverge.engine.preflight import check_documents, check_model_source
-    from kvdiverge.engine.rollout_job import rollout_documents_actions
-    from kvdiverge.engine.settings import RolloutSettings
-    from kvdiverge.io import atomic_path
-    from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
-    from kvdiverge.plots.accuracy import write_accuracy_figure
-    from kvdiverge.plots.base import save_figure
-    from kvdiverge.plots.study import action_styles, plot_divergence_cdf
-    from kvdiverge.tables import (
-        accuracy_study_table,
-        table1_timing,
-        write_accuracy_table,
-        write_table,
-    )
+    from kvdiverge.models import chat_prompt_ids, load_tokenizer
 
     say = log or (lambda message: None)
-    _check_numbers(K, H, draws, level)
+    _check_numbers(K, H, draws, level, temperature)
     if metric not in METRICS:
         raise CompareError(f"--metric: expected one of {', '.join(METRICS)}, got {metric!r}")
-    specs = parse_action_list(actions)
-    names = [a.name for a in specs]
+    labelled, base = with_baseline(parse_actions(actions), baseline)
+    if base is not None and len(labelled) < 2:
+        raise CompareError(f"--baseline: {base!r} is the only action; add --actions to compare")
+    names = [a.label for a in labelled]
+    root = None if out is None else check_out(out, planned_files(labelled, base), force)
+    if temperature == 0 and K > 1:
+        say(f"temperature 0 (greedy): every replicate is the same path, so K = 1 (not {K})")
+        K = 1
     prompts = Path(prompts)
     spec = {"path": str(model), "trust_remote_code": trust_remote_code}
     try:
@@ -256,34 +245,125 @@ def compare(
         return len(chat_prompt_ids(tokenizer, prompt))
 
     max_positions = info.get("max_positions") if info else None
-    documents = _documents(prompts, H, metric, length_fn)
+    documents, records = _documents(prompts, H, metric, length_fn)
+    keys = _user_keys(documents, records, prompts)
     try:
-        check_documents(documents, {a.name: a for a in specs}, max_positions, H, str(prompts))
+        check_documents(
+            documents, {a.label: a.action for a in labelled}, max_positions, H, str(prompts)
+        )
     except ValueError as exc:
-        raise CompareError(str(exc)) from None
-    root = Path(out) if out is not None else None
-    if root is not None:
-        root.mkdir(parents=True, exist_ok=True)
-    say(f"{documents.height} prompts from {prompts}; actions {', '.join(names)}; K={K}, H={H}")
+        raise CompareError(_name_user_prompt(str(exc), keys)) from None
+    say(
+        f"{documents.height} prompts from {prompts}; actions {', '.join(names)}"
+        + (f" (baseline {base})" if base else "")
+        + f"; K={K}, H={H}, temperature {temperature:g}"
+    )
+    return _run(
+        model, prompts, labelled, base, documents, keys, tokenizer, root,
+        K=K, H=H, temperature=temperature, seed=seed, draws=draws, level=level, metric=metric,
+        device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+        max_batch_rows=max_batch_rows, say=say,
+    )  # fmt: skip
 
+
+def _run(
+    model: str | os.PathLike,
+    prompts: Path,
+    labelled: list[LabelledAction],
+    base: str | None,
+    documents: pl.DataFrame,
+    keys: pl.DataFrame,
+    tokenizer: Any,
+    root: Path | None,
+    *,
+    K: int,
+    H: int,
+    temperature: float,
+    seed: int,
+    draws: int,
+    level: float,
+    metric: str,
+    device: str,
+    dtype: str,
+    trust_remote_code: bool,
+    max_batch_rows: int,
+    say: Callable[[str], None],
+) -> CompareResult:
+    """The rollouts, the analysis and the files of :func:`compare`, once every input is checked."""
+    from kvdiverge.analysis.accuracy import (
+        accuracy_document_stats,
+        accuracy_table,
+        document_metrics,
+        timing_depth,
+        write_accuracy,
+    )
+    from kvdiverge.analysis.document_stats import document_stats
+    from kvdiverge.analysis.estimands import all_pairs, estimands_table, write_estimands
+    from kvdiverge.compare.contrasts import baseline_contrasts, write_contrast_outputs
+    from kvdiverge.compare.generations import generations_table, write_generations
+    from kvdiverge.datasets import write_documents
+    from kvdiverge.engine.rollout_job import rollout_documents_actions
+    from kvdiverge.engine.settings import RolloutSettings
+    from kvdiverge.models import eos_token_ids, load_model
+    from kvdiverge.plots.accuracy import write_accuracy_figure
+    from kvdiverge.plots.base import save_figure
+    from kvdiverge.plots.study import action_styles, plot_divergence_cdf
+    from kvdiverge.tables import (
+        accuracy_study_table,
+        table1_timing,
+        write_accuracy_table,
+        write_table,
+    )
+
+    names = [a.label for a in labelled]
+    specs = [a.action for a in labelled]
     start = time.perf_counter()
     lm = load_model(str(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    say(f"model loaded: {time.perf_counter() - start:.1f} s")
     eos = eos_token_ids(lm, tokenizer)
-    settings = RolloutSettings(H=H, seed=seed, max_batch_rows=max_batch_rows)
+    settings = RolloutSettings(
+        H=H, seed=seed, max_batch_rows=max_batch_rows, temperature=temperature
+    )
     jobs = [(d, p, dict.fromkeys(names, K)) for d, p in documents.select("doc_id", "prompt").rows()]
     frames = rollout_documents_actions(lm, tokenizer, jobs, specs, eos, settings)
-    say(f"rollouts: {time.perf_counter() - start:.1f} s")
+    say(
+        f"rollouts of {len(jobs)} prompts x {len(names)} actions: "
+        f"{time.perf_counter() - start:.1f} s"
+    )
 
+    metadata = {
+        "model": {"name": Path(str(model)).name, "path": str(model)},
+        "revision": None,
+        "H": H,
+        "K": {COHORT: K},
+        "seed": seed,
+        "coupling": settings.coupling,
+        "temperature": temperature,
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "device": str(lm.device),
+        "eos_ids": list(eos),
+    }
     files: dict[str, Path] = {}
+    planned = planned_files(labelled, base)
+    if root is not None:
+        claim_out(root, planned)
     with tempfile.TemporaryDirectory(prefix="kvdiverge-compare-") as scratch:
         work = root if root is not None else Path(scratch)
-        traj_paths = _write_trajectories(frames, specs, work, model, H, K, seed, settings, lm, eos)
+        traj_paths = _write_trajectories(frames, labelled, work, metadata)
         stats, clock = document_stats(traj_paths, documents)
     if root is not None:
         files |= {f"trajectories/{a}": paths[0] for a, paths in traj_paths.items()}
     model_name = Path(str(model)).name
+    contrasts = [(a, base) for a in names if a != base] if base else all_pairs(names)
     estimands = estimands_table(
-        stats, clock, model=model_name, actions=names, draws=draws, seed=seed, level=level
+        stats,
+        clock,
+        model=model_name,
+        actions=names,
+        contrasts=contrasts,
+        draws=draws,
+        seed=seed,
+        level=level,
     )
     table1 = table1_timing(estimands, names, "estimands")
     cdf = (
@@ -305,25 +385,17 @@ def compare(
         acc_stats, model=model_name, actions=names, draws=draws, seed=seed, level=level
     )
     acc_table = accuracy_study_table(accuracy, names)
-    generations = pl.concat(
-        [
-            path_scores(frames[a], with_metrics, tokenizer, depth).with_columns(action=pl.lit(a))
-            for a in names
-        ]
-    ).select(
-        "action",
-        "doc_id",
-        "replicate",
-        pl.col("timing").replace_strict(dict(enumerate(TIMING_CLASSES)), return_dtype=pl.String),
-        "acc_x",
-        "acc_y",
-        "x_text",
-        "y_text",
-    )
+    generations = generations_table(frames, names, with_metrics, keys, tokenizer, depth)
+    table, summary = (None, "")
+    if base is not None:
+        table, summary = baseline_contrasts(
+            estimands, stats, acc_stats, names, base, H=H, metric=metric,
+            draws=draws, seed=seed, level=level, temperature=temperature,
+        )  # fmt: skip
     if root is not None:
         write_documents(documents, root / "documents.parquet", metadata={"prompts": str(prompts)})
         write_estimands(estimands, root / "estimands.csv", root / "estimands.md")
-        write_table(table1, *(root / f"table1.{e}" for e in ("csv", "md", "tex", "html")))
+        write_table(table1, *(root / f"table1.{e}" for e in _TABLE_FORMATS))
         styles = action_styles(names)
         save_figure(
             plot_divergence_cdf(estimands, names, styles),
@@ -331,20 +403,20 @@ def compare(
             root / "fig5_divergence_cdf.pdf",
         )
         write_accuracy(accuracy, root / "accuracy.csv")
-        tabled = tuple(root / f"table_accuracy.{e}" for e in ("csv", "md", "tex", "html"))
+        tabled = tuple(root / f"table_accuracy.{e}" for e in _TABLE_FORMATS)
         write_accuracy_table(root / "accuracy.csv", tabled, names)
         write_accuracy_figure(root / "accuracy.csv", root / "accuracy.png", root / "accuracy.pdf")
-        with atomic_path(root / "generations.parquet", suffix=".parquet") as tmp:
-            generations.write_parquet(tmp)
-        for name in ("documents.parquet", "estimands.csv", "table1.html", "generations.parquet"):
-            files[name] = root / name
-        for name in (
-            "fig5_divergence_cdf.png",
-            "accuracy.csv",
-            "table_accuracy.html",
-            "accuracy.png",
-        ):
-            files[name] = root / name
+        write_generations(
+            generations,
+            root / "generations.parquet",
+            root / "generations.html",
+            documents,
+            tokenizer,
+        )
+        if table is not None:
+            write_contrast_outputs(table, summary, estimands, names, base, root)
+        finish_out(root, planned)
+        files |= {p: root / p for p in planned if not p.startswith("trajectories/")}
         say(f"wrote {root}")
     return CompareResult(
         estimands=estimands,
@@ -354,5 +426,7 @@ def compare(
         accuracy_table=acc_table.data,
         documents=documents,
         generations=generations,
+        contrasts=table,
+        summary=summary,
         files=files,
     )

@@ -22,13 +22,14 @@ several documents per model call).
   stream keyed by (seed, document, replicate, t) only, so X is identical across actions; ACCEPT
   and RESIDUAL streams for Y. ``coupling="independent"`` salts all streams with the action name
   (each action then has its own X rows);
-* temperature 1, full softmax (float64); the EOS ids are ONE outcome of every kernel
-  (:func:`kvdiverge.theory.coupling.merge_eos`: their probabilities are summed onto the smallest EOS
-  id before the TV and the coupling, so two sequences that both end agree, whatever id each
-  would have used, and results do not depend on the order of ``eos_ids``); an EOS outcome is
-  recorded as that smallest id; EOS is absorbing (after it a sequence's kernel is the point
-  mass on the merged outcome); H steps always; rows whose stream has ended leave the batch (a
-  quarter of it at a time);
+* the kernels softmax(logits / T) in float64 (``settings.temperature``, default 1; T = 0 is greedy:
+  the point mass on the argmax, :func:`kvdiverge.theory.coupling.tempered_kernel`); the EOS ids are
+  ONE outcome of every kernel (:func:`kvdiverge.theory.coupling.merge_eos`: their probabilities are
+  summed onto the smallest EOS id before the TV and the coupling, so two sequences that both end
+  agree, whatever id each would have used, and results do not depend on the order of ``eos_ids``);
+  an EOS outcome is recorded as that smallest id; EOS is absorbing (after it a sequence's kernel is
+  the point mass on the merged outcome); H steps always; rows whose stream has ended leave the batch
+  (a quarter of it at a time);
 * on CUDA out-of-memory the replicate batch is split in halves and the rollout goes on.
 
 An action that keeps everything (the full-retention control) runs through the same path as
@@ -69,6 +70,7 @@ from kvdiverge.theory.coupling import (
     canonical_eos,
     maximal_coupling_step,
     merge_eos,
+    tempered_kernel,
     tv,
 )
 
@@ -405,7 +407,7 @@ def _rollout_units(
     their logits are ignored. With ``settings.keep_logits`` every row stays, so that every
     stream's logits are recorded.
     """
-    H, keep_logits = settings.H, settings.keep_logits
+    H, keep_logits, temperature = settings.H, settings.keep_logits, settings.temperature
     first = units[0].prefill
     device = first.last_logits.device
     n_kv, _, d = first.keys[0].shape
@@ -439,7 +441,7 @@ def _rollout_units(
 
     with attention_implementation(model, ATTENTION_NAME):
         for t in range(1, H + 1):
-            probs = merge_eos(logits.double().softmax(dim=-1), eos_ids, inplace=True)
+            probs = merge_eos(tempered_kernel(logits, temperature), eos_ids, inplace=True)
             for u, run in enumerate(runs):
                 run.couple(t, batch, u, probs, logits, point_mass, eos)
             if t == H:

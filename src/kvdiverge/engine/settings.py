@@ -39,7 +39,8 @@ class RolloutSettings:
     rows); ``identity_shortcut``: Q := P for an action that keeps everything, without rows of
     its own (benchmarks only: the control then cannot fail); ``drop_ended``: rows whose
     stream has ended leave the batch; ``fused_attention``: use a validated fused attention
-    kernel where one exists.
+    kernel where one exists; ``temperature``: the kernels are softmax(logits / T), T = 0 the
+    point mass on the argmax (greedy; ties to the smallest id), T = 1 (default) the model's own.
     """
 
     H: int
@@ -50,8 +51,12 @@ class RolloutSettings:
     identity_shortcut: bool = False
     drop_ended: bool = True
     fused_attention: bool = True
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < float("inf"):
+            raise ValueError(f"temperature: expected a finite number >= 0 (0: greedy), got {t!r}")
         if self.coupling not in COUPLING_MODES:
             raise ValueError(
                 f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {self.coupling!r}"

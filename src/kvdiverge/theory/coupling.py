@@ -23,6 +23,7 @@ __all__ = [
     "maximal_coupling_joint",
     "maximal_coupling_step",
     "merge_eos",
+    "tempered_kernel",
     "tv",
 ]
 
@@ -46,6 +47,32 @@ def _is_torch(a: Any) -> bool:
 def tv(p: Any, q: Any) -> Any:
     """TV(p, q) = 1/2 Σ_u |p(u) − q(u)| along the last axis."""
     return 0.5 * abs(p - q).sum(-1)
+
+
+def tempered_kernel(logits: Any, temperature: float = 1.0) -> Any:
+    """The sampling kernel softmax(logits / T) along the last axis, in float64 (torch or numpy).
+
+    T = 1 is ``softmax(logits)`` itself (no division, bit for bit the untempered kernel); T = 0
+    is greedy decoding: the point mass on the argmax, ties broken by the smallest id.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature: expected a number >= 0, got {temperature!r}")
+    if _is_torch(logits):
+        if temperature == 0:
+            import torch
+
+            out = torch.zeros(logits.shape, dtype=torch.float64, device=logits.device)
+            return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)  # first maximum
+        z = logits.double()
+        return (z if temperature == 1 else z / temperature).softmax(dim=-1)
+    z = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        out = np.zeros(z.shape)
+        np.put_along_axis(out, z.argmax(-1)[..., None], 1.0, axis=-1)  # first maximum
+        return out
+    z = z if temperature == 1 else z / temperature
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
 
 
 def canonical_eos(eos_ids: Any) -> int:

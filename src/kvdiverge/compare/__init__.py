@@ -1,0 +1,18 @@
+"""``kvdiverge compare``: a small study without Snakemake (:mod:`kvdiverge.compare.run`), its
+actions and labels (:mod:`~kvdiverge.compare.actions`), its output folder
+(:mod:`~kvdiverge.compare.folder`), the contrasts against a baseline
+(:mod:`~kvdiverge.compare.contrasts`) and the generations side by side
+(:mod:`~kvdiverge.compare.generations`)."""
+
+from kvdiverge.compare.actions import CompareError, LabelledAction, parse_action_list, parse_actions
+from kvdiverge.compare.run import CompareResult, compare, planned_files
+
+__all__ = [
+    "CompareError",
+    "CompareResult",
+    "LabelledAction",
+    "compare",
+    "parse_action_list",
+    "parse_actions",
+    "planned_files",
+]

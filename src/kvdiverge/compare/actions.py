@@ -1,0 +1,192 @@
+"""The actions of ``kvdiverge compare``: ``[LABEL=]SELECTOR[@BUDGET][+KEY=VALUE]...`` items, their
+labels, the baseline, and the file names labels become.
+
+An item is ``LABEL=SPEC`` when the text before its first ``=`` holds no ``+``
+(``mine=my_methods:SinkStride@0.5``, ``snapkv=snapkv@0.5``); otherwise the whole item is the
+spec and its own label (``snapkv@0.5+window=16``). The label is the action's name: legends,
+table rows, the ``action`` column of every table. File names take the label through
+:func:`path_name`, which escapes every character outside letters, digits and ``._-~@+=``, so no
+label or parameter value (``+tag=/../../x``) reaches a path unescaped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from kvdiverge.eviction import ActionError, ActionSpec, parse_action
+
+__all__ = [
+    "MAX_LABEL",
+    "CompareError",
+    "LabelledAction",
+    "add_cwd_to_path",
+    "parse_action_list",
+    "parse_actions",
+    "path_name",
+    "with_baseline",
+]
+
+MAX_LABEL = 80
+"""The longest label (characters)."""
+_MAX_FILE_STEM = 120
+
+
+class CompareError(ValueError):
+    """A bad input of :func:`kvdiverge.compare.compare` (one line naming the option or file)."""
+
+
+@dataclass(frozen=True)
+class LabelledAction:
+    """One action of a comparison: its ``label`` (the action's name), the ``spec`` text it was
+    given as, and the parsed :class:`~kvdiverge.eviction.ActionSpec` (``action.name`` is the
+    label)."""
+
+    label: str
+    spec: str
+    action: ActionSpec
+
+    @property
+    def file_stem(self) -> str:
+        """The label escaped for a file name (:func:`path_name`)."""
+        return path_name(self.label)
+
+
+def path_name(label: str) -> str:
+    """``label`` as one path component: percent-escaped outside letters, digits and
+    ``._-~@+=`` (``/`` → ``%2F``, ``:`` → ``%3A``, ``%`` → ``%25``: distinct labels stay
+    distinct), a leading dot escaped (no ``.``, ``..`` or hidden file), and a long name cut to
+    its first characters plus a hash of the whole label."""
+    text = urllib.parse.quote(label, safe="@+=~")
+    if text.startswith("."):
+        text = "%2E" + text[1:]
+    if len(text) > _MAX_FILE_STEM:
+        digest = hashlib.sha256(label.encode()).hexdigest()[:16]
+        text = f"{text[: _MAX_FILE_STEM - 17]}~{digest}"
+    return text
+
+
+def _value(text: str) -> Any:
+    """A parameter value as YAML reads it (``16`` → int, ``0.5`` → float, ``true`` → bool)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _split_label(item: str, option: str) -> tuple[str, str]:
+    head, eq, rest = item.partition("=")
+    if not eq or "+" in head:
+        return item, item
+    label = head.strip()
+    if not label:
+        raise CompareError(f"{option}: {item!r}: expected LABEL=SPEC with a label before '='")
+    if len(label) > MAX_LABEL:
+        raise CompareError(
+            f"{option}: label {label[:20]!r}...: expected at most {MAX_LABEL} characters, "
+            f"got {len(label)}"
+        )
+    if not label.isprintable():
+        raise CompareError(f"{option}: label {label!r}: expected printable characters only")
+    spec = rest.strip()
+    if not spec:
+        raise CompareError(f"{option}: {item!r}: expected an action after {label + '='!r}")
+    return label, spec
+
+
+def _parse_spec(label: str, spec: str, option: str) -> ActionSpec:
+    head, *params = spec.split("+")
+    selector, at, budget = head.partition("@")
+    entry: dict[str, Any] = {"selector": selector}
+    if at:
+        entry["budget"] = _value(budget)
+    for p in params:
+        key, eq, value = p.partition("=")
+        if not eq or not key:
+            raise CompareError(f"{option}: {spec!r}: expected KEY=VALUE after '+', got {p!r}")
+        entry[key] = _value(value)
+    try:
+        return parse_action(entry, name=label)
+    except ActionError as exc:
+        raise CompareError(f"{option}: {exc}") from None
+
+
+def _items(text: str | Sequence[str], option: str) -> list[str]:
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    if not items or any(not isinstance(t, str) or not t.strip() for t in items):
+        raise CompareError(f"{option}: expected comma-separated actions, got {text!r}")
+    return [t.strip() for t in items]
+
+
+def _check_labels(labelled: Sequence[LabelledAction], option: str) -> None:
+    seen: dict[str, str] = {}
+    files: dict[str, str] = {}
+    for a in labelled:
+        if a.label in seen:
+            what = "action" if a.label == a.spec else "label"
+            raise CompareError(f"{option}: {what} {a.label!r} given twice")
+        seen[a.label] = a.spec
+        key = a.file_stem.lower()  # case-insensitive file systems
+        if key in files:
+            raise CompareError(
+                f"{option}: labels {files[key]!r} and {a.label!r} name the same file on a "
+                "case-insensitive file system; rename one"
+            )
+        files[key] = a.label
+
+
+def parse_actions(text: str | Sequence[str], option: str = "--actions") -> list[LabelledAction]:
+    """Labelled actions from ``a,b,c`` (or a list of items; module docstring), each checked by
+    :func:`kvdiverge.eviction.parse_action`; one-line :class:`CompareError` naming ``option``
+    and the item. Labels are unique, also as file names on a case-insensitive file system."""
+    out = []
+    for item in _items(text, option):
+        label, spec = _split_label(item, option)
+        out.append(LabelledAction(label, spec, _parse_spec(label, spec, option)))
+    _check_labels(out, option)
+    return out
+
+
+def parse_action_list(text: str | Sequence[str]) -> list[ActionSpec]:
+    """The :class:`~kvdiverge.eviction.ActionSpec` of each item of :func:`parse_actions` (named
+    by its label)."""
+    return [a.action for a in parse_actions(text)]
+
+
+def with_baseline(
+    actions: list[LabelledAction], baseline: str | None
+) -> tuple[list[LabelledAction], str | None]:
+    """The compared actions and the baseline's label. ``baseline`` is the label of one of
+    ``actions`` or an action item of its own (``snapkv=snapkv@0.5``), which goes first."""
+    if baseline is None:
+        return actions, None
+    if not isinstance(baseline, str) or not baseline.strip():
+        raise CompareError(f"--baseline: expected an action or an action's label, got {baseline!r}")
+    baseline = baseline.strip()
+    if baseline in {a.label for a in actions}:
+        return actions, baseline
+    if "," in baseline:
+        raise CompareError(f"--baseline: expected one action, got {baseline!r}")
+    label, spec = _split_label(baseline, "--baseline")
+    own = LabelledAction(label, spec, _parse_spec(label, spec, "--baseline"))
+    out = [own, *actions]
+    _check_labels(out, "--baseline/--actions")
+    return out, label
+
+
+def add_cwd_to_path(specs: Sequence[str]) -> bool:
+    """Append the current folder to ``sys.path`` (as ``python -m`` would have it) when a spec
+    names a ``module:Class`` selector, so that a selector file beside the user imports without
+    ``PYTHONPATH``; returns whether it was added."""
+    cwd = os.getcwd()
+    if not any(":" in s.split("+")[0] for s in specs) or cwd in sys.path or "" in sys.path:
+        return False
+    sys.path.append(cwd)
+    return True
