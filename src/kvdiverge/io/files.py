@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 if TYPE_CHECKING:  # polars is imported where it runs: the workflow's parse uses this module
     import polars as pl
@@ -134,6 +134,10 @@ def clean_stale_temporaries(targets: Iterable[str | os.PathLike]) -> list[Path]:
     return removed
 
 
+UNIT_NAME_MAX = 128
+"""The longest folder name (bytes, ASCII) a :class:`JobScratch` unit takes from its doc_id."""
+
+
 class JobScratch:
     """A job-scoped scratch area: finished units (documents) of a job survive a kill.
 
@@ -175,7 +179,15 @@ class JobScratch:
                     entry.unlink(missing_ok=True)
 
     def _unit(self, doc_id: str) -> Path:
-        return self.root / quote(str(doc_id), safe="")
+        """The unit's folder: the doc_id percent-encoded, or for a doc_id whose encoding is
+        longer than :data:`UNIT_NAME_MAX` bytes (file names hold at most 255) its first part
+        and ``%%`` and a digest of the whole (a percent-encoding never holds ``%%``, so no
+        two doc_ids share a folder)."""
+        name = quote(str(doc_id), safe="")
+        if len(name) > UNIT_NAME_MAX:
+            digest = hashlib.sha256(str(doc_id).encode()).hexdigest()[:32]
+            name = f"{name[: UNIT_NAME_MAX - 34]}%%{digest}"
+        return self.root / name
 
     def done(self, doc_id: str) -> bool:
         """Whether ``doc_id`` was saved completely."""
@@ -185,7 +197,11 @@ class JobScratch:
         """The saved units, sorted."""
         if not self.root.is_dir():
             return []
-        return sorted(unquote(u.name) for u in self.root.iterdir() if (u / "done.json").is_file())
+        return sorted(
+            json.loads((u / "done.json").read_text())["doc_id"]
+            for u in self.root.iterdir()
+            if (u / "done.json").is_file()
+        )
 
     def save(
         self,
