@@ -266,9 +266,15 @@ def smallest_font(fig: plt.Figure) -> float:
     return min(sizes) if sizes else math.inf
 
 
+SAVE_METADATA: dict[str, dict[str, None]] = {"png": {}, "pdf": {"CreationDate": None}}
+"""Per format, the metadata :func:`save_figure` passes to ``savefig``: PDFs without their
+creation date, so that a rerun writes byte-identical figures (PNGs carry no date)."""
+
+
 def save_figure(fig: plt.Figure, png: str | os.PathLike, pdf: str | os.PathLike) -> None:
-    """Write ``fig`` atomically as PNG (:data:`DPI`) and PDF at its print size, then close it."""
+    """Write ``fig`` atomically as PNG (:data:`DPI`) and PDF at its print size, then close it;
+    the same figure gives the same bytes on every run (:data:`SAVE_METADATA`)."""
     for target, fmt in ((png, "png"), (pdf, "pdf")):
         with atomic_path(target) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=DPI)
+            fig.savefig(tmp, format=fmt, dpi=DPI, metadata=SAVE_METADATA[fmt])
     plt.close(fig)
