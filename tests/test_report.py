@@ -184,6 +184,11 @@ def test_accuracy_entries_sit_with_the_study_tables_and_figures(report):
         ({"targets": {"results/study1/tables/estimands.csv"}}, False),
         ({"targets": {"all", "study_tables"}}, False),
         ({"target_jobs": ["estimands:study=study1"]}, False),
+        ({"until": {"materialize_documents"}}, False),
+        ({"omit_from": {"estimands"}}, False),
+        ({"allowed_rules": {"estimands", "prespecify"}}, False),
+        ({"batch": "all=1/3"}, False),
+        ({"targets": {"all"}, "until": {"plan_sample_sizes"}}, False),
     ],
 )
 def test_the_report_follows_only_a_real_run_of_the_default_target(settings, built):
@@ -192,3 +197,31 @@ def test_the_report_follows_only_a_real_run_of_the_default_target(settings, buil
 
     run = {"dryrun": False, "touch": False, "remote": False, "targets": set(), "target_jobs": []}
     assert wants_report(**{**run, **settings}) is built
+
+
+def test_a_partial_run_says_what_made_it_partial_and_how_to_build_the_report():
+    from kvdiverge.pipeline.report import partial_run, skipped_report
+
+    assert partial_run() is None
+    assert partial_run(targets={"all"}) is None
+    assert partial_run(until={"materialize_documents"}) == "--until materialize_documents"
+    assert (
+        partial_run(targets={"all", "results/a.csv"}, allowed_rules={"b", "a"})
+        == "the targets results/a.csv, --allowed-rules a b"
+    )
+    assert partial_run(omit_from={"estimands"}, batch="all=1/3") == (
+        "--omit-from estimands, --batch all=1/3"
+    )
+    line = skipped_report(
+        "results/report.html",
+        "--until materialize_documents",
+        [Path("configs/tiny.yaml").absolute()],
+        replace=True,
+    )
+    assert line.startswith("Report skipped: a partial run (--until materialize_documents)")
+    assert line.endswith(
+        "`snakemake --report results/report.html --configfile configs/tiny.yaml "
+        "--replace-workflow-config`."
+    )
+    assert "--configfile" not in skipped_report("r.html", "--until x")
+    assert "--config <the same values>" in skipped_report("r.html", "x", config_values=True)
