@@ -6,16 +6,22 @@ from kvdiverge.pipeline.provenance import script_fingerprint
 from kvdiverge.config import study_contrasts as configured_contrasts
 from kvdiverge.config import study_groups
 from kvdiverge.engine.preflight import check_configured_models
+from kvdiverge.pipeline.folders import check_writable_folder
 
 # Once, before any job: the config files read strictly, every value's kind and range, every
 # cross-reference and every combination that would fail later (kvdiverge.config), and each
 # model loaded from a local folder (kvdiverge.engine.preflight); one line naming the field otherwise.
+# Before the first job of a run, the output folder is writable (kvdiverge.pipeline.folders).
 check_config(
     config,
     os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"),
     files=workflow.configfiles,
 )
 check_configured_models(config)
+
+
+onstart:  # a real run with jobs to do, before the first (a dry run writes nothing)
+    check_writable_folder(config["output_dir"], "config.output_dir")
 
 
 def results(path):
