@@ -33,6 +33,8 @@ import yaml
 
 from kvdiverge.analysis.groups import FIRST_GROUP, action_groups, study_groups
 from kvdiverge.eviction import check_action, keeps_everything
+from kvdiverge.pipeline.configfiles import TEMPLATING_REFUSED, templated
+from kvdiverge.pipeline.names import config_name_problem
 
 __all__ = [
     "FIRST_GROUP",
@@ -597,10 +599,17 @@ def check_config(
     files: Iterable[str | os.PathLike] = (),
 ) -> None:
     """Every parse-time check of the run's configuration, in order: the YAML ``files`` it was
-    read from, read strictly (:func:`load_yaml_strict`); the values against ``schema``
+    read from, none a YTE template, read strictly (:func:`load_yaml_strict`); every name (models,
+    actions, studies, rollout groups, strata: ``kvdiverge.pipeline.names``); the values against
+    ``schema``
     (:func:`validate_config`, which fills defaults in place); the cross-references
     (:func:`check_references`). Raises :class:`ConfigError` in one line."""
     for path in files:
+        if templated(path):  # Snakemake has evaluated it already (docs/configuration.md)
+            raise ConfigError(f"{path}: {TEMPLATING_REFUSED}")
         load_yaml_strict(path)
+    bad_name = config_name_problem(config)  # names become paths: checked before anything else
+    if bad_name:
+        raise ConfigError(bad_name)
     validate_config(config, schema)
     check_references(config)

@@ -44,7 +44,7 @@ rule accuracy:
     benchmark:
         results("benchmarks/accuracy/{study}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
     conda:
         "../../envs/analysis.yaml"
     params:

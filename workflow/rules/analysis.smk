@@ -16,8 +16,8 @@ rule document_stats:
     benchmark:
         results("benchmarks/document_stats/{study}/{model}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
-        model="|".join(config["models"]) or "no-model",
+        study=wildcard_alternation(config["studies"], "no-study"),
+        model=wildcard_alternation(config["models"], "no-model"),
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -57,7 +57,7 @@ rule estimands:
     benchmark:
         results("benchmarks/estimands/{study}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -92,7 +92,7 @@ rule prediction:
     benchmark:
         results("benchmarks/prediction/{study}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -117,7 +117,7 @@ rule plan_sample_sizes:
     benchmark:
         results("benchmarks/plan_sample_sizes/{study}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -146,7 +146,7 @@ rule prespecify:
     benchmark:
         results("benchmarks/prespecify/{study}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -169,7 +169,7 @@ rule prespecify_group:
     benchmark:
         results("benchmarks/prespecify_group/{study}/{group}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
         group=amendment_groups(),
     conda:
         "../../envs/analysis.yaml"

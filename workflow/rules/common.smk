@@ -2,6 +2,7 @@
 import os
 
 from kvdiverge.config import check_config
+from kvdiverge.pipeline.names import wildcard_alternation
 from kvdiverge.pipeline.provenance import script_fingerprint
 from kvdiverge.config import study_contrasts as configured_contrasts
 from kvdiverge.config import study_groups
@@ -408,7 +409,7 @@ def prespecified_amendments(wildcards):
 def amendment_groups():
     """A regex of every later rollout group's name (rule prespecify_group's `group`)."""
     names = sorted({g for study in config["studies"] for g in later_groups(study)})
-    return "|".join(names) or "no-group"
+    return wildcard_alternation(names, "no-group")
 
 
 def pinned_K(wildcards):

@@ -12,7 +12,7 @@ rule materialize_documents:
     benchmark:
         results("benchmarks/materialize_documents/{stratum}.tsv")
     wildcard_constraints:
-        stratum="|".join(s.name for s in DATASETS.strata),
+        stratum=wildcard_alternation((s.name for s in DATASETS.strata), "no-stratum"),
     conda:
         "../../envs/datasets.yaml"
     params:

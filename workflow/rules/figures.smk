@@ -70,7 +70,7 @@ rule study_figures:
     benchmark:
         results("benchmarks/study_figures/{study}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
     localrule: True
     conda:
         "../../envs/analysis.yaml"
@@ -99,7 +99,7 @@ rule study_branch_figure:
     benchmark:
         results("benchmarks/study_branch_figure/{study}.tsv")
     wildcard_constraints:
-        study="|".join(family_studies()) or "no-family-study",
+        study=wildcard_alternation(family_studies(), "no-family-study"),
     localrule: True
     conda:
         "../../envs/analysis.yaml"
@@ -169,7 +169,7 @@ rule study_tables:
     benchmark:
         results("benchmarks/study_tables/{study}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
     localrule: True
     conda:
         "../../envs/analysis.yaml"

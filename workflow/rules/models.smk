@@ -36,7 +36,7 @@ rule build_demo_model:
     benchmark:
         results("benchmarks/build_demo_model/{model}.tsv")
     wildcard_constraints:
-        model="|".join(demo_models()) or "no-demo-model",
+        model=wildcard_alternation(demo_models(), "no-demo-model"),
     priority: 10  # every rollout waits for the model: start it before the finite-state jobs
     threads: 1
     resources:
@@ -63,7 +63,7 @@ rule materialize_model:
     benchmark:
         results("benchmarks/materialize_model/{model}.tsv")
     wildcard_constraints:
-        model="|".join(sourced_models()) or "no-sourced-model",
+        model=wildcard_alternation(sourced_models(), "no-sourced-model"),
     priority: 10  # every rollout waits for the model: start it before the finite-state jobs
     conda:
         # torch and transformers; gguf and accelerate come with the package's dependencies

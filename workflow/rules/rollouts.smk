@@ -25,7 +25,7 @@ for study in config["studies"]:
         benchmark:
             results(f"benchmarks/dev_rollout/{study}/{{model}}/{{stratum}}.tsv")
         wildcard_constraints:
-            model="|".join(config["models"]) or "no-model",
+            model=wildcard_alternation(config["models"], "no-model"),
             stratum="[^/]+",
         conda:
             "../../envs/rollout.yaml"
@@ -65,7 +65,7 @@ for study in config["studies"]:
                     f"benchmarks/rollout/{group_folder(study, group)}/{{model}}/{{stratum}}.tsv"
                 )
             wildcard_constraints:
-                model="|".join(config["models"]) or "no-model",
+                model=wildcard_alternation(config["models"], "no-model"),
                 stratum="[^/]+",
             conda:
                 "../../envs/rollout.yaml"

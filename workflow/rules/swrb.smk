@@ -23,7 +23,7 @@ rule swrb_estimands:
     benchmark:
         results("benchmarks/swrb_estimands/{study}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -64,7 +64,7 @@ rule swrb_figures:
     benchmark:
         results("benchmarks/swrb_figures/{study}.tsv")
     wildcard_constraints:
-        study="|".join(config["studies"]) or "no-study",
+        study=wildcard_alternation(config["studies"], "no-study"),
     localrule: True
     conda:
         "../../envs/analysis.yaml"
