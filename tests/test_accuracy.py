@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 
 from kvdiverge.analysis.accuracy import (
+    ACCURACY_CAVEATS,
     ACCURACY_ESTIMANDS,
     accuracy_document_stats,
     accuracy_table,
@@ -215,6 +216,9 @@ def test_accuracy_table_exact_values(tmp_path):
     built = accuracy_study_table(again, ["a", "b"])
     assert built.data["accuracy_drop"].to_list() == [0.375, 0.375]
     assert "drop | early" in render_html(built)
+    # the two caveats: drop | late small by construction; τ depends on the coupling
+    assert built.notes[-2:] == ACCURACY_CAVEATS
+    assert "association" in render_html(built) and "by construction" in render_html(built)
 
 
 def test_accuracy_errors_are_one_line():

@@ -150,18 +150,23 @@ def test_table3_rows_are_strata_of_the_main_contrast(study):
     for record, rendered in zip(table.data.iter_rows(named=True), table.rows, strict=True):
         m, s = record["model"], record["stratum"]
         total = _row(est, model=m, contrast=MAIN, stratum=s, estimand="R_smc")
+        assert rendered[2] == str(total["n_docs"]) == str(record["n_docs"])  # its documents
         for k, name in enumerate(
             ["R_smc", "gap_exposure", "exposure_share", "block_tv_change", "R_minus_F"]
         ):
             src = _row(est, model=m, contrast=MAIN, stratum=s, estimand=name)
             assert record[name] == src["value"]
             if name == "exposure_share":
-                _check_share(rendered[2 + k], src, total)
+                _check_share(rendered[3 + k], src, total)
             else:
-                _check_cell(rendered[2 + k], src)
+                _check_cell(rendered[3 + k], src)
         for k, action in enumerate(PAIR):
             src = _row(est, model=m, action=action, stratum=s, estimand="branch_contrast_B")
-            _check_cell(rendered[7 + k], src)
+            _check_cell(rendered[8 + k], src)
+    assert table.header[2] == "Documents"
+    assert any(
+        n.startswith("Documents: the evaluation documents each row rests on") for n in table.notes
+    )
 
 
 def test_table4_uncalibrated_agrees_with_the_prediction_table(study):
@@ -388,7 +393,7 @@ def test_shares_are_hidden_where_the_gap_interval_covers_zero(study):
     assert "---" in render_latex(table) and "share not shown" in render_latex(table)
     assert SHARE_NOTE.split(":")[1].strip()[:20] in render_html(table)
     t3 = table3_strata(_covering(est), MAIN)
-    assert {row[4] for row in t3.rows} == {HIDDEN}
+    assert {row[5] for row in t3.rows} == {HIDDEN}
 
 
 # ---- HTML --------------------------------------------------------------------------------------

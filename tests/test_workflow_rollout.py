@@ -14,6 +14,7 @@ import yaml
 from workflow_helpers import ROOT, package_env, planned_jobs, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.prespecification import read_lock
+from kvdiverge.io.locks import evaluation_seed
 from kvdiverge.io.trajectories import read_trajectories, read_trajectory_metadata
 
 FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
@@ -116,6 +117,9 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
         dev_meta = read_trajectory_metadata(dev_path)
         assert dev_meta["K"] == {"dev": control_K if action == "full" else spec["K_dev"]}
         assert "lock" not in dev_meta
+        # the evaluation's seed is the registration's, the development keeps the config's
+        assert meta["seed"] == evaluation_seed(locks[study]) != dev_meta["seed"]
+        assert dev_meta["seed"] == yaml.safe_load((work / "config.yaml").read_text())["seed"]
         assert dev_path.stat().st_mtime <= (work / f"results/{study}/lock.json").stat().st_mtime
         assert (frame.filter(pl.col("t") == 1)["tv_rollout"] == 0).all()  # δ_1 = 0
         assert (frame["n_kept"] <= frame["n_prompt"]).all()

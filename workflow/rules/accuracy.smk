@@ -19,6 +19,7 @@ rule accuracy:
         models=lambda w: [
             model_path(m) for m in config["models"] if m in demo_models() + sourced_models()
         ],
+        lock=results("{study}/lock.json"),
     output:
         csv=results("{study}/tables/accuracy.csv"),
         table_csv=results("{study}/tables/table_accuracy.csv"),

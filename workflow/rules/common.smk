@@ -447,8 +447,12 @@ def study_main_contrast(wildcards):
 
 
 def study_tables_inputs(wildcards):
-    """estimands.csv, plus prediction.csv when the study has a prediction pair."""
-    inputs = {"estimands": results(f"{wildcards.study}/tables/estimands.csv")}
+    """estimands.csv and the study's lock, plus prediction.csv when the study has a prediction
+    pair."""
+    inputs = {
+        "estimands": results(f"{wildcards.study}/tables/estimands.csv"),
+        "lock": results(f"{wildcards.study}/lock.json"),  # the registration the tables name
+    }
     if config["analysis"]["prediction"]["pairs"].get(wildcards.study):
         inputs["prediction"] = results(f"{wildcards.study}/tables/prediction.csv")
     return inputs

@@ -16,6 +16,7 @@ from kvdiverge.analysis.accuracy import (  # noqa: E402
     write_accuracy,
 )
 from kvdiverge.analysis.estimands import study_seed  # noqa: E402
+from kvdiverge.analysis.prespecification import read_lock, registration_line  # noqa: E402
 from kvdiverge.io.trajectories import read_trajectory_metadata  # noqa: E402
 from kvdiverge.models.detokenize import load_decoder  # noqa: E402
 from kvdiverge.plots.accuracy import write_accuracy_figure  # noqa: E402
@@ -46,6 +47,8 @@ for model, files in p.files.items():
     tables.append(table)
 write_accuracy(pl.concat(tables), out.csv)
 tabled = (out.table_csv, out.table_md, out.table_tex, out.table_html)
-write_accuracy_table(out.csv, tabled, actions)
+write_accuracy_table(
+    out.csv, tabled, actions, registration=registration_line(read_lock(snakemake.input.lock))
+)
 write_accuracy_figure(out.csv, out.png, out.pdf, actions, control=p.control)
 log.info("wrote %s, %s, %s", out.csv, out.table_html, out.png)

@@ -5,8 +5,10 @@ from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
+from kvdiverge.analysis.prespecification import read_lock, registration_line  # noqa: E402
 from kvdiverge.tables import write_estimands_summary, write_study_tables  # noqa: E402
 
+registration = registration_line(read_lock(snakemake.input.lock))
 out = snakemake.output
 outputs = {
     f"table{i}": tuple(out[f"table{i}_{ext}"] for ext in ("csv", "md", "tex", "html"))
@@ -18,6 +20,7 @@ built = write_study_tables(
     outputs,
     actions=list(snakemake.params.actions),
     main_contrast=snakemake.params.main_contrast,
+    registration=registration,
 )
 for name, table in built.items():
     log.info("%s: %d rows", name, table.data.height)
@@ -27,5 +30,6 @@ summary = write_estimands_summary(
     out.estimands_summary_md,
     out.estimands_summary_html,
     study=snakemake.wildcards.study,
+    registration=registration,
 )
 log.info("estimands summary: %s", " ".join(summary.facts[:1]))

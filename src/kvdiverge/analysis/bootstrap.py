@@ -4,15 +4,37 @@ Documents are resampled with replacement within their strata; one draw is a vect
 multiplicities (a row of the weights matrix) applied to every action's statistics, so contrasts
 are paired. A resampled document mean is then ``weights @ statistics / n`` for all draws and all
 statistics at once.
+
+Few documents: a unit (a cohort, a stratum, a model's rows) of one document has no interval
+— every resample repeats it — so an interval from fewer than :data:`MIN_INTERVAL_DOCUMENTS`
+documents is reported as not available; n documents of a stratum allow only
+:func:`distinct_resamples` = C(2n − 1, n) different resamples (10 for 3), which the per-stratum
+tables state by giving each row's documents.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["percentile_interval", "resampled_means", "stratified_bootstrap_weights"]
+__all__ = [
+    "MIN_INTERVAL_DOCUMENTS",
+    "distinct_resamples",
+    "percentile_interval",
+    "resampled_means",
+    "stratified_bootstrap_weights",
+]
+
+MIN_INTERVAL_DOCUMENTS = 2
+"""The fewest documents an interval is reported from (module docstring)."""
+
+
+def distinct_resamples(sizes: Iterable[int]) -> int:
+    """The number of different stratified resamples of strata of ``sizes`` documents: the
+    multisets of n out of n, C(2n − 1, n) per stratum, multiplied."""
+    return math.prod(math.comb(2 * n - 1, n) for n in sizes)
 
 
 def stratified_bootstrap_weights(

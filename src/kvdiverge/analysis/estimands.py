@@ -37,6 +37,10 @@ average all documents of all strata (so a stratum weighs by its document count).
 estimand (``C_H``, ``mean_entry_time``, ``branch_*``, ``local_*``, the shares) is the ratio of
 the document-averaged numerator and denominator, never a mean of per-document ratios.
 
+No interval from fewer than two documents: a row whose unit rests on one document (a cohort
+or stratum of one) gets a NaN interval, reported as not available (one document's resamples
+all repeat it); the Markdown says so with the row's document count.
+
 Undefined draws: a ratio estimand is NaN where its denominator is zero (an empty branch
 cohort, no divergence, a zero gap). Such bootstrap draws are left out of the percentile
 interval, and the table's ``draws_dropped`` column counts them per row (0 when none). An
@@ -52,7 +56,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import polars as pl
 
-from kvdiverge.analysis.bootstrap import percentile_interval, stratified_bootstrap_weights
+from kvdiverge.analysis.bootstrap import (
+    MIN_INTERVAL_DOCUMENTS,
+    percentile_interval,
+    stratified_bootstrap_weights,
+)
 from kvdiverge.analysis.document_stats import AnalysisInputError, Clock, stat_columns
 from kvdiverge.io import atomic_path, atomic_write_text
 from kvdiverge.theory.risk import gap_decomposition
@@ -326,6 +334,8 @@ def estimands_table(
                         levels[i, [j for j, a in enumerate(names) if a != control]] = family_level
             draws_only = cube[..., 1:].reshape(-1, cube.shape[2] - 1)
             low, high = percentile_interval(draws_only, levels.ravel(), axis=1)
+            if n_docs < MIN_INTERVAL_DOCUMENTS:  # one document: no interval (not available)
+                low, high = np.full_like(low, np.nan), np.full_like(high, np.nan)
             # bootstrap draws in which a ratio estimand is undefined (zero denominator, e.g. an
             # empty branch cohort): left out of the interval, and counted here
             dropped = (~np.isfinite(draws_only)).sum(1)
@@ -406,10 +416,15 @@ def render_markdown(table: pl.DataFrame, digits: int = 4, header: str | None = N
     def fmt(x: float | None) -> str:
         return "NA" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
 
+    def interval(r: dict) -> str:
+        if r["n_docs"] < MIN_INTERVAL_DOCUMENTS:
+            return f"not available ({r['n_docs']} document)"
+        return f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]"
+
     for r in keep.iter_rows(named=True):
         lines.append(
             f"| {r['model']} | {r['action'] or ''} | {r['contrast'] or ''} | {r['stratum']} | "
-            f"{r['estimand']} | {fmt(r['value'])} | [{fmt(r['ci_low'])}, {fmt(r['ci_high'])}] | "
+            f"{r['estimand']} | {fmt(r['value'])} | {interval(r)} | "
             f"{r['ci_level']:.5g} | {r['n_docs']} | {r['n_paths']} | "
             f"{'NA' if r.get('draws_dropped') is None else r['draws_dropped']} |"
         )

@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from kvdiverge.analysis.bootstrap import (
+    MIN_INTERVAL_DOCUMENTS,
     percentile_interval,
     resampled_means,
     stratified_bootstrap_weights,
@@ -275,6 +276,8 @@ def swrb_study_table(
             ]
             for action, contrast, values, n_paths in units:
                 lo, hi = percentile_interval(values[1:], level)
+                if cols.sum() < MIN_INTERVAL_DOCUMENTS:  # one document: no interval
+                    lo, hi = np.full_like(lo, np.nan), np.full_like(hi, np.nan)
                 frames.append(
                     pl.DataFrame(
                         {

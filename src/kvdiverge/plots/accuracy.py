@@ -35,6 +35,7 @@ from kvdiverge.plots.base import (  # noqa: E402
     save_figure,
 )
 from kvdiverge.plots.study import action_styles  # noqa: E402
+from kvdiverge.plots.study_style import note_missing_intervals  # noqa: E402
 from kvdiverge.tables import StudyTableError, read_estimands, require_estimands  # noqa: E402
 
 __all__ = ["plot_accuracy", "write_accuracy_figure"]
@@ -108,9 +109,10 @@ def plot_accuracy(
     width = 0.7 / max(len(actions), 1)
     for i, model in enumerate(models):
         ax_a, ax_b = axes[i]
+        drops = [_rows(table, model, "accuracy_drop", a, where) for a in actions]
         for j, action in enumerate(actions):
-            row = _rows(table, model, "accuracy_drop", action, where)
-            _point(ax_a, j, row, styles[action], True, horizontal=True)
+            _point(ax_a, j, drops[j], styles[action], True, horizontal=True)
+        note_missing_intervals(ax_a, drops)
         ax_a.axvline(0, color="black", lw=0.8, zorder=1)
         ax_a.set_yticks(range(len(actions)), wrapped)
         ax_a.set_ylim(len(actions) - 0.4, -0.6)

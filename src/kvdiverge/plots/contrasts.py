@@ -35,6 +35,7 @@ from kvdiverge.plots.study_style import (  # noqa: E402
     _level_label,
     _models_in,
     _percent,
+    note_missing_intervals,
 )
 from kvdiverge.tables import (  # noqa: E402
     StudyTableError,
@@ -70,6 +71,7 @@ def _dodged_intervals(
 ) -> None:
     width = 0.7 / max(len(actions), 1)
     order = {m: i for i, m in enumerate(models)}
+    note_missing_intervals(ax, rows.filter(pl.col("action").is_in(list(actions))))
     for j, action in enumerate(actions):
         offset = (j - (len(actions) - 1) / 2) * width
         r = rows.filter(pl.col("action") == action)
@@ -245,6 +247,7 @@ def plot_decomposition(
                 lw=1,
                 zorder=3,
             )
+        note_missing_intervals(ax, [values[(c, "R_smc")] for c in contrasts])
         ax.axhline(0, color="black", lw=0.8, zorder=1)
         ax.use_sticky_edges = False  # a margin beyond 0 too
         ax.margins(y=0.05)

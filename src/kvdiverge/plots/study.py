@@ -52,6 +52,7 @@ from kvdiverge.plots.study_style import (  # noqa: E402
     _require_profile,
     action_styles,
     branch_windows,
+    note_missing_intervals,
     profile,
 )
 from kvdiverge.tables import (  # noqa: E402
@@ -95,7 +96,9 @@ def _profile_lines(
 ) -> None:
     """One panel of profiles against ``x``: each action's pointwise band (light fill, thin
     edges), then its line (steps for a CDF). An absent action is an error naming ``context``
-    and ``needed_by``."""
+    and ``needed_by``. Rows resting on fewer than two documents draw no band, and the panel
+    says so (:func:`note_missing_intervals`)."""
+    note_missing_intervals(ax, panel.filter(pl.col("action").is_in(list(actions))))
     for action in actions:
         r = panel.filter(pl.col("action") == action)
         if r.height == 0:

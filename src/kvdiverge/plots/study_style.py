@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from kvdiverge.analysis.bootstrap import MIN_INTERVAL_DOCUMENTS  # noqa: E402
 from kvdiverge.plots.base import (  # noqa: E402
     PercentTicks,
     SeriesStyle,
@@ -59,6 +60,30 @@ def _complete_styles(styles: Mapping[str, SeriesStyle] | None, actions: Sequence
         extra = series_styles([*styles, *missing])
         styles |= {a: extra[a] for a in missing}
     return styles
+
+
+def note_missing_intervals(ax: plt.Axes, rows: pl.DataFrame | Sequence[Mapping]) -> bool:
+    """Say in the panel, in one small line, when a row it draws rests on fewer than two
+    documents: its interval is not available (none is drawn). Returns whether it did."""
+    if isinstance(rows, pl.DataFrame):
+        counts = rows["n_docs"].to_list() if "n_docs" in rows.columns else []
+    else:
+        counts = [r.get("n_docs") for r in rows]
+    few = [int(n) for n in counts if n is not None and n < MIN_INTERVAL_DOCUMENTS]
+    if not few:
+        return False
+    n = min(few)
+    ax.text(
+        0.02,
+        0.02,
+        f"interval not available: {n} document{'' if n == 1 else 's'}",
+        transform=ax.transAxes,
+        ha="left",
+        va="bottom",
+        fontsize=6.5,
+        color="0.3",
+    )
+    return True
 
 
 def profile(table: pl.DataFrame, prefix: str) -> pl.DataFrame:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 
 import polars as pl
 
+from kvdiverge.analysis.accuracy import ACCURACY_CAVEATS
 from kvdiverge.tables.inputs import (
     actions_in,
     models_in,
@@ -36,7 +38,8 @@ def accuracy_study_table(
     (:func:`kvdiverge.analysis.accuracy.accuracy_table`): task accuracy of the full cache (X)
     and of the action (Y), the drop X − Y, and by divergence timing the share of paths that
     diverged early or late and the drop among them (paths that never diverge have equal X and
-    Y, so no drop)."""
+    Y, so no drop). Its notes state the two caveats of
+    :data:`kvdiverge.analysis.accuracy.ACCURACY_CAVEATS`."""
     needed = "the accuracy table"
     require_estimands(table, [m.estimand for m in ACCURACY_MEASURES], where, needed)
     actions = list(actions) if actions is not None else actions_in(table)
@@ -55,22 +58,27 @@ def accuracy_study_table(
         "(τ ≤ H/2) or late (H/2 < τ ≤ H) with the drop among them. Paths that never diverge "
         "within H generate the same text under both caches."
     )
-    return measure_table(
+    built = measure_table(
         "tableA",
         caption,
         [("model", "Model"), ("action", "Action")],
         records,
         ACCURACY_MEASURES,
     )
+    return dataclasses.replace(built, notes=(*built.notes, *ACCURACY_CAVEATS))
 
 
 def write_accuracy_table(
     accuracy_csv: str | os.PathLike,
     outputs: Sequence[str | os.PathLike],
     actions: Sequence[str] | None = None,
+    registration: str | None = None,
 ) -> StudyTable:
-    """Read the long accuracy CSV and write its table as (CSV, Markdown, LaTeX, HTML)."""
+    """Read the long accuracy CSV and write its table as (CSV, Markdown, LaTeX, HTML);
+    ``registration``: a note saying which registration of the study's lock it comes from."""
     table = read_estimands(accuracy_csv)
     built = accuracy_study_table(table, actions, str(accuracy_csv))
+    if registration:
+        built = dataclasses.replace(built, notes=(*built.notes, registration))
     write_table(built, *outputs)
     return built

@@ -3,11 +3,13 @@ the prediction table (package docstring), and written in every format."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
 import polars as pl
 
+from kvdiverge.analysis.bootstrap import distinct_resamples
 from kvdiverge.tables.inputs import (
     StudyTableError,
     actions_in,
@@ -173,6 +175,7 @@ def table3_strata(
                 contrast=contrast,
                 stratum=stratum,
             )
+            rec["n_docs"] = rec[f"{TABLE3_CONTRAST_MEASURES[0].estimand}_docs"]
             for action, key in ((b, "B_minuend"), (a, "B_subtrahend")):
                 got = estimand_row(
                     table, where, needed, branch, model=model, action=action, stratum=stratum
@@ -182,6 +185,7 @@ def table3_strata(
                     f"{key}_low": got["branch_contrast_B_low"],
                     f"{key}_high": got["branch_contrast_B_high"],
                     f"{key}_level": got["branch_contrast_B_level"],
+                    f"{key}_docs": got["branch_contrast_B_docs"],
                 }
             records.append(rec)
     measures = TABLE3_CONTRAST_MEASURES + (
@@ -194,14 +198,23 @@ def table3_strata(
         "each action's branch contrast B = late − early branch TV within its fixed branch "
         "cohort. Percentage points; document-bootstrap intervals."
     )
-    return measure_table(
+    built = measure_table(
         "table3",
         caption,
-        [("model", "Model"), ("stratum", "Stratum")],
+        [("model", "Model"), ("stratum", "Stratum"), ("n_docs", "Documents")],
         records,
         measures,
         shares=("exposure_share",),
     )
+    sizes = sorted({int(r["n_docs"]) for r in records if r["stratum"] != "pooled"})
+    note = (
+        "Documents: the evaluation documents each row rests on; the bootstrap resamples them "
+        "within their stratum, so a stratum of n documents has only C(2n − 1, n) distinct "
+        "resamples ("
+        + ", ".join(f"{n} → {distinct_resamples([n]):,}" for n in sizes)
+        + ") and its interval is correspondingly coarse."
+    )
+    return dataclasses.replace(built, notes=(*built.notes, note))
 
 
 def table4_uncalibrated(
@@ -330,13 +343,16 @@ def write_study_tables(
     outputs: Mapping[str, Sequence[str | os.PathLike]],
     actions: Sequence[str] | None = None,
     main_contrast: str | None = None,
+    registration: str | None = None,
 ) -> dict[str, StudyTable]:
     """Build Tables 1–4 of one study and write each as CSV, Markdown, LaTeX (and HTML).
 
     ``outputs`` maps ``table1``…``table4`` to their paths: (CSV, Markdown, LaTeX) or
     (CSV, Markdown, LaTeX, HTML). ``actions``: Table 1's rows (default: every action);
     ``main_contrast``: Tables 3–4's contrast (default: the first). Every input is read and
-    every table built before anything is written.
+    every table built before anything is written. ``registration``: a note under every table
+    saying which registration of the study's lock the estimands come from
+    (:func:`kvdiverge.analysis.prespecification.registration_line`).
     """
     unknown = sorted(set(outputs) - {"table1", "table2", "table3", "table4"})
     if unknown:
@@ -354,6 +370,10 @@ def write_study_tables(
         "table3": table3_strata(table, main_contrast, where),
         "table4": table4_uncalibrated(table, prediction, main_contrast, where),
     }
+    if registration:
+        built = {
+            k: dataclasses.replace(t, notes=(*t.notes, registration)) for k, t in built.items()
+        }
     for name, paths in outputs.items():
         write_table(built[name], *paths)
     return built

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from kvdiverge.analysis.bootstrap import MIN_INTERVAL_DOCUMENTS
 from kvdiverge.tables.inputs import StudyTableError
 
 PERCENT, PP, STEPS, COUNT, TEXT = "percent", "pp", "steps", "count", "text"
@@ -20,6 +21,15 @@ SHARE_NOTE = (
     "— : share not shown, as the interval of ΔR_SMC covers 0 and the share is unbounded there "
     "(the CSV keeps its value and interval)."
 )
+NO_INTERVAL_NOTE = (
+    "not available: an interval needs at least two documents and the row rests on fewer (a "
+    "bootstrap of one document only repeats its value), so the value is shown alone."
+)
+
+
+def no_interval_text(n_docs: int) -> str:
+    """The interval part of a cell whose row rests on fewer than two documents."""
+    return f"[not available: {n_docs} document{'' if n_docs == 1 else 's'}]"
 
 
 @dataclass(frozen=True)
@@ -142,9 +152,17 @@ def format_interval(
 
 
 def interval_cell(
-    x: float | None, lo: float | None, hi: float | None, unit: str, digits: int
+    x: float | None,
+    lo: float | None,
+    hi: float | None,
+    unit: str,
+    digits: int,
+    n_docs: int | None = None,
 ) -> Cell:
+    """``value [lo, hi]``; with ``n_docs`` below two, ``value [not available: n document]``."""
     value = format_value(x, unit, digits)
+    if n_docs is not None and n_docs < MIN_INTERVAL_DOCUMENTS:
+        return Cell(value, no_interval_text(n_docs))
     if _is_missing(lo) and _is_missing(hi):
         return Cell(value)
     return Cell(value, f"[{format_value(lo, unit, digits)}, {format_value(hi, unit, digits)}]")
@@ -200,6 +218,7 @@ def estimand_row(
         out[f"{m.estimand}_low"] = r["ci_low"]
         out[f"{m.estimand}_high"] = r["ci_high"]
         out[f"{m.estimand}_level"] = r["ci_level"]
+        out[f"{m.estimand}_docs"] = r["n_docs"]
     return out
 
 
@@ -216,7 +235,8 @@ def measure_table(
     Each measure's decimals follow its intervals (:func:`decimals_for`). ``shares`` name the
     measures that divide by ΔR_SMC (estimand ``R_smc`` of the same record): where that
     interval covers 0 they render as :data:`HIDDEN`, the CSV column ``share_shown`` says so and
-    a note explains it.
+    a note explains it. A measure whose row rests on fewer than two documents (its
+    ``<estimand>_docs``) shows its value with the interval "not available", and a note says why.
     """
     records = [dict(r) for r in records]
     if shares:
@@ -233,7 +253,7 @@ def measure_table(
         widths = [half_width(r[f"{m.estimand}_low"], r[f"{m.estimand}_high"]) for r in records]
         digits[m.estimand] = decimals_for(widths, m.unit)
     rows = []
-    hidden = False
+    hidden = absent = False
     for rec in records:
         row: list[str] = [str(rec[k]) for k, _ in keys]
         for m in measures:
@@ -244,9 +264,11 @@ def measure_table(
                 hidden = True
             else:
                 v, lo, hi = (rec[m.estimand], rec[f"{m.estimand}_low"], rec[f"{m.estimand}_high"])
-                row.append(interval_cell(v, lo, hi, m.unit, digits[m.estimand]))
+                n = rec.get(f"{m.estimand}_docs")
+                row.append(interval_cell(v, lo, hi, m.unit, digits[m.estimand], n))
+                absent |= n is not None and n < MIN_INTERVAL_DOCUMENTS
         rows.append(row)
-    notes = (SHARE_NOTE,) if hidden else ()
+    notes = ((SHARE_NOTE,) if hidden else ()) + ((NO_INTERVAL_NOTE,) if absent else ())
     header = [c.header for c in columns]
     return StudyTable(
         name, caption, data, header, rows, group_columns=1, columns=tuple(columns), notes=notes

@@ -10,6 +10,7 @@ from html import escape
 
 import polars as pl
 
+from kvdiverge.analysis.bootstrap import MIN_INTERVAL_DOCUMENTS
 from kvdiverge.io import atomic_path, atomic_write_text
 from kvdiverge.tables.inputs import (
     StudyTableError,
@@ -23,6 +24,7 @@ from kvdiverge.tables.inputs import (
 from kvdiverge.tables.render import html_document, html_table, html_text, render_markdown
 from kvdiverge.tables.study_table import (
     COUNT,
+    NO_INTERVAL_NOTE,
     PERCENT,
     PP,
     STEPS,
@@ -164,6 +166,7 @@ def _summary_table(
         (pl.col("stratum") == "pooled") & pl.col("estimand").is_in(estimands) & (pl.col(by) != "")
     )
     rows, records = [], []
+    absent = False
     for model in models_in(table):
         for estimand in estimands:
             cells = pooled.filter((pl.col("model") == model) & (pl.col("estimand") == estimand))
@@ -180,7 +183,11 @@ def _summary_table(
                 elif unit == COUNT:
                     row.append(Cell(format_value(r["value"], COUNT)))
                 else:
-                    row.append(interval_cell(r["value"], r["ci_low"], r["ci_high"], unit, digits))
+                    n = r["n_docs"]
+                    row.append(
+                        interval_cell(r["value"], r["ci_low"], r["ci_high"], unit, digits, n)
+                    )
+                    absent |= n < MIN_INTERVAL_DOCUMENTS
                 if r is not None:
                     records.append({"model": model, by: key, "estimand": estimand})
             rows.append(row)
@@ -188,7 +195,10 @@ def _summary_table(
     columns = (Column("Model"), Column("Estimand"), *(Column(c, level=level) for c in columns_of))
     header = [c.header for c in columns]
     data = pl.DataFrame(records, schema={"model": pl.String, by: pl.String, "estimand": pl.String})
-    return StudyTable(name, caption, data, header, rows, group_columns=1, columns=columns)
+    notes = (NO_INTERVAL_NOTE,) if absent else ()
+    return StudyTable(
+        name, caption, data, header, rows, group_columns=1, columns=columns, notes=notes
+    )
 
 
 @dataclass(frozen=True)
@@ -260,6 +270,14 @@ def estimands_summary(
         f"at most {int(dropped['draws_dropped'].max()):,} draws per row."
         if dropped.height
         else "Bootstrap draws left out (an undefined ratio in that draw): none."
+    )
+    alone = table.filter(pl.col("n_docs") < MIN_INTERVAL_DOCUMENTS)
+    alone_strata = sorted(set(alone["stratum"].to_list()))
+    facts.append(
+        f"Intervals not available (the row rests on fewer than two documents): "
+        f"{alone.height:,} rows ({', '.join(stratum_label(s) for s in alone_strata)})."
+        if alone.height
+        else "Intervals not available (fewer than two documents): none."
     )
     facts.append(
         f"Undefined values (NA): {missing.height:,} rows."
@@ -339,10 +357,15 @@ def write_estimands_summary(
     markdown: str | os.PathLike,
     html: str | os.PathLike,
     study: str = "",
+    registration: str | None = None,
 ) -> EstimandsSummary:
-    """Write the tidy Parquet copy of ``estimands.csv`` and its summary (Markdown, HTML)."""
+    """Write the tidy Parquet copy of ``estimands.csv`` and its summary (Markdown, HTML);
+    ``registration``: the lock registration the estimands come from, the summary's first
+    fact."""
     table = read_estimands(estimands_csv)
     summary = estimands_summary(table, study, str(estimands_csv))
+    if registration:
+        summary.facts.insert(0, registration)
     tidy = tidy_estimands(table)
     with atomic_path(parquet, suffix=".parquet") as tmp:
         tidy.write_parquet(tmp)
