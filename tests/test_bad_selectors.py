@@ -8,6 +8,7 @@ model is the committed tiny-llama demo model (2 layers, 2 KV heads) on a 34-toke
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -252,3 +253,21 @@ def test_a_job_script_writes_the_traceback_to_its_log_and_one_line_to_the_consol
     text = log.read_text()
     assert "Traceback (most recent call last)" in text and "return 1 // 0" in text
     assert not out.exists()
+
+
+def test_kvdiverge_compare_exits_2_with_the_line_and_writes_nothing(tmp_path, capsys):
+    from kvdiverge.cli import main
+
+    prompts = tmp_path / "mine.jsonl"
+    record = {"prompt": PROMPT + " What is the magic number?", "answers": ["482913"]}
+    prompts.write_text(json.dumps(record) + "\n")
+    out = tmp_path / "out"
+    actions = "mine=selector_helpers:Duplicates@0.5,recent@0.5"
+    argv = ["compare", "--model", str(MODEL), "--prompts", str(prompts), "--actions", actions]
+    assert main([*argv, "--K", "1", "--H", "4", "--draws", "20", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(
+        "kvdiverge compare: action 'mine': selector 'selector_helpers:Duplicates': position 3 "
+        "more than once at layer 0, KV head 0; expected distinct positions, exactly "
+    ), err
+    assert not out.exists() or not any(out.iterdir())

@@ -304,6 +304,7 @@ def _run(
     from kvdiverge.datasets import write_documents
     from kvdiverge.engine.rollout_job import rollout_documents_actions
     from kvdiverge.engine.settings import RolloutSettings
+    from kvdiverge.eviction import ActionError
     from kvdiverge.models import eos_token_ids, load_model
     from kvdiverge.plots.accuracy import write_accuracy_figure
     from kvdiverge.plots.base import save_figure
@@ -325,7 +326,10 @@ def _run(
         H=H, seed=seed, max_batch_rows=max_batch_rows, temperature=temperature
     )
     jobs = [(d, p, dict.fromkeys(names, K)) for d, p in documents.select("doc_id", "prompt").rows()]
-    frames = rollout_documents_actions(lm, tokenizer, jobs, specs, eos, settings)
+    try:
+        frames = rollout_documents_actions(lm, tokenizer, jobs, specs, eos, settings)
+    except ActionError as exc:  # a selector broke its contract (kvdiverge.eviction.contract)
+        raise CompareError(str(exc)) from exc
     say(
         f"rollouts of {len(jobs)} prompts x {len(names)} actions: "
         f"{time.perf_counter() - start:.1f} s"
