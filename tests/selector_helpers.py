@@ -200,3 +200,15 @@ class RaggedGap(RaggedValid):
         kept = super().positions(prefill, action, n_keep)
         kept[0, 0, 1] = -1
         return kept
+
+
+@dataclass(frozen=True)
+class BadAlwaysKept(ScoredSelector):
+    """Always-kept positions with a repeat and one outside the prompt."""
+
+    def always_kept(self, n):
+        return [0, 0, n + 65]
+
+    def score(self, prefill, action, layer):
+        n_kv, n = prefill.keys[layer].shape[:2]
+        return torch.zeros(n_kv, n)

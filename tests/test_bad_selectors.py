@@ -85,6 +85,8 @@ CASES = {
     "InfScores": "score of layer 0: score inf at KV head 1, position 5; expected finite scores "
     "(NaN and inf are refused)",
     "ScoreRaises": "score raised KeyError: 'window'",
+    "BadAlwaysKept": f"always_kept returned [0, 0, 99]; expected at most {KEEP} distinct integer "
+    f"positions in [0, {N})",
     "RaggedShort": f"layer 1 keeps {2 * KEEP - 1} entries over its 2 KV heads; expected "
     f"{2 * KEEP}, as the selector declares (kept_per_layer)",
     "RaggedGap": "-1 before a position at layer 0, KV head 0; expected -1 only as trailing padding",
