@@ -357,7 +357,7 @@ def test_trajectory_file_without_timing_is_an_error(tmp_path):
     with pytest.raises(PlanningError, match=r"part\.parquet: timing lacks numeric field"):
         read_timing(tmp_path / "part.parquet")
     (tmp_path / "junk.parquet").write_text("not parquet")
-    with pytest.raises(PlanningError, match=r"junk\.parquet: not a readable Parquet"):
+    with pytest.raises(PlanningError, match=r"junk\.parquet: not a readable"):
         read_timing(tmp_path / "junk.parquet")
-    with pytest.raises(PlanningError, match=r"junk\.parquet: not a readable Parquet"):
+    with pytest.raises(PlanningError, match=r"junk\.parquet: not a readable"):
         development_moments(tmp_path / "junk.parquet", "s1")

@@ -416,8 +416,9 @@ def study_plan(
     half-width and cost at the study's K with the documents per stratum the target would need.
     Top level: ``estimands`` planned and ``level`` used, ``K`` (``pinned_K``, else
     ``K_planned``), ``K_planned`` (the largest of each entry's ``K_needed``, or its least-cost K
-    where that is ``None``), ``K_source``, ``binding`` (the entry that sets ``K_planned`` and
-    the documents per stratum it asks for), ``notes`` (one line each: more documents needed,
+    where that is ``None``), ``K_source``, ``binding`` (the entry that sets ``K_planned`` —
+    among several, the one asking for the most documents — and the documents per stratum it
+    asks for), ``notes`` (one line each: more documents needed,
     ``max_K`` binding, an endpoint planned on R_SMC) and ``measured`` (the engine's seconds,
     for information).
     """
@@ -503,7 +504,13 @@ def study_plan(
         e["evaluation"]["docs_per_stratum_needed"] = need
         if need > documents_per_stratum and (worst is None or need > worst[0]):
             worst = (need, f"{e['model']}/{e['action']}", e["estimand"])
-    first = plans[wants.index(planned)]
+    # the entry that sets K; among entries at that K, the one asking for the most documents
+    first = plans[
+        max(
+            range(len(plans)),
+            key=lambda i: (wants[i], plans[i]["evaluation"]["docs_per_stratum_needed"]),
+        )
+    ]
     binding = {
         "model": first["model"],
         "action": first["action"],
