@@ -4,12 +4,14 @@ bad inputs (one line each, before the model loads)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
+from test_compare_folder import SELECTOR
 
 from kvdiverge.cli import main
 from kvdiverge.compare import CompareError, compare, parse_action_list
@@ -116,7 +118,9 @@ def test_the_python_api_returns_frames(prompts):
     assert result.divergence_cdf["t"].to_list() == [1, 2, 3, 4]
     assert set(result.accuracy["estimand"]) >= {"accuracy_x", "accuracy_y", "accuracy_drop"}
     assert result.accuracy_table.height == 1 and result.documents.height == 2
-    assert result.generations.columns[:4] == ["action", "doc_id", "replicate", "timing"]
+    assert result.generations.columns[:7] == [
+        "action", "doc_id", "user_id", "line", "replicate", "tau", "timing"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -132,6 +136,10 @@ def test_the_python_api_returns_frames(prompts):
         ({"--metric": "bleu"}, "--metric: expected one of"),
         ({"--model": "/nonexistent/model"}, "--model"),
         ({"--prompts": "/nonexistent/p.jsonl"}, "p.jsonl: no such file"),
+        ({"--baseline": "lru@0.5"}, "--baseline: actions.lru@0.5.selector: expected one of"),
+        ({"--baseline": "recent@0.5"}, "--baseline: 'recent@0.5' is the only action; add"),
+        ({"--temperature": "-1"}, "--temperature: expected a finite number >= 0 (0: greedy)"),
+        ({"--actions": "a=recent@0.5,a=full"}, "--actions: label 'a' given twice"),
     ],
 )
 def test_bad_inputs_are_one_line(prompts, tmp_path, capsys, change, message):
@@ -166,3 +174,41 @@ def test_help_lists_the_commands():
         [sys.executable, "-m", "kvdiverge.cli", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0 and "compare" in out.stdout
+
+
+def test_the_researchers_comparison_from_the_selector_folder(prompts, tmp_path):
+    """Issue 31's "Done when" command, by the console script from the folder holding the
+    selector file, without PYTHONPATH: contrasts, summary, figures and generations.html in a
+    fresh default folder, one line per step on standard error."""
+    (tmp_path / "my_methods.py").write_text(SELECTOR)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    command = [str(Path(sys.executable).parent / "kvdiverge"), "compare", "--model", str(MODEL)]
+    command += ["--baseline", "snapkv=snapkv@0.5+window=8"]
+    command += ["--actions", "mine=my_methods:SinkStride@0.5,recent=recent@0.5"]
+    command += ["--temperature", "0", "--prompts", str(prompts), "--H", "6", "--draws", "50"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (folder,) = [p for p in tmp_path.iterdir() if p.name.startswith("kvdiverge-compare-")]
+    printed = done.stdout.split()
+    assert printed[:2] == [
+        str(Path(folder.name) / "summary.md"),
+        str(Path(folder.name) / "contrasts.csv"),
+    ]
+    err = done.stderr.strip().splitlines()
+    assert err[0] == "temperature 0 (greedy): every replicate is the same path, so K = 1 (not 4)"
+    assert (
+        err[1].startswith("2 prompts from ")
+        and "actions snapkv, mine, recent (baseline snapkv)" in err[1]
+    )
+    assert err[-1] == f"wrote {folder.name}" and not any("Traceback" in line for line in err)
+    contrasts = pl.read_csv(folder / "contrasts.csv")
+    assert contrasts["action"].unique(maintain_order=True).to_list() == ["mine", "recent"]
+    assert set(contrasts["baseline"]) == {"snapkv"} and contrasts.height == 2 * 10
+    summary = (folder / "summary.md").read_text()
+    assert "## mine against snapkv" in summary and "## recent against snapkv" in summary
+    assert "greedy decoding" in summary
+    for name in ("contrasts.png", "decomposition.png", "fig5_divergence_cdf.png", "accuracy.png"):
+        assert (folder / name).stat().st_size > 10_000, name
+    assert "<tr><th>mine</th>" in (folder / "generations.html").read_text()
+    assert (folder / "trajectories" / "mine.parquet").exists()
+    assert pl.read_csv(folder / "table1.csv")["action"].to_list() == ["snapkv", "mine", "recent"]
