@@ -1,4 +1,5 @@
-"""Named inputs read back by key (kvdiverge.pipeline.rule_inputs; common.smk's `keyed`)."""
+"""Named inputs read back by key (kvdiverge.pipeline.rule_inputs; `keyed` in
+workflow/rules/helpers/analysis.smk)."""
 
 import pytest
 from snakemake.iocontainers import InputFiles

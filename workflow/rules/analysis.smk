@@ -5,6 +5,9 @@
 # estimands and aggregate prediction.
 
 
+include: "helpers/analysis.smk"
+
+
 rule document_stats:
     input:
         unpack(lambda w: keyed("trajectories", action_trajectory_files(w.study, w.model))),

@@ -2,6 +2,9 @@
 # docs/datasets.md, "Datasets").
 
 
+include: "helpers/datasets.smk"
+
+
 rule materialize_documents:
     input:
         unpack(documents_inputs),

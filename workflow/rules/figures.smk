@@ -3,6 +3,9 @@
 # is for papers) and every table its HTML rendering (CSV, Markdown and LaTeX beside it).
 
 
+include: "helpers/figures.smk"
+
+
 rule introductory_figure:
     output:
         png=report(

@@ -2,6 +2,9 @@
 # and SWRB estimators, figures.
 
 
+include: "helpers/finite_state.smk"
+
+
 rule finite_state_systems:
     output:
         systems=report(

@@ -10,6 +10,9 @@
 # same reference stream X.
 
 
+include: "helpers/rollouts.smk"
+
+
 for study in config["studies"]:
 
     rule:

@@ -5,6 +5,9 @@
 # bootstrap paired across actions) and swrb_figures draws its smooth divergence CDF.
 
 
+include: "helpers/swrb.smk"
+
+
 rule swrb_estimands:
     input:
         records=swrb_record_list,

@@ -1,8 +1,8 @@
 """Named inputs of a Snakemake job, read back by key.
 
 A rule that takes one file per model, action or stratum names each input ``<prefix>/<key>``
-(``keyed`` in ``workflow/rules/common.smk``), so that its script finds a file by what it is,
-never by its position in a list (``docs/architecture.md``, "The rule graph").
+(``keyed`` in ``workflow/rules/helpers/analysis.smk``), so that its script finds a file by what
+it is, never by its position in a list (``docs/architecture.md``, "The rule graph").
 """
 
 from __future__ import annotations

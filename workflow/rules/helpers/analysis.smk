@@ -1,0 +1,89 @@
+# Helpers of the plan, the locks and the analysis (workflow/rules/analysis.smk;
+# docs/prespecification.md, "Prespecification"; docs/analysis.md, "Analysis").
+from kvdiverge.analysis.prespecification import prespecified_group
+
+
+def study_trajectory_files(study, models, stage):
+    """The trajectory files of a study's models by action, every stratum: the development
+    stage's (dev_rollout_<study>: the first rollout group's actions) or the evaluation's (the
+    evaluation rules of every group: every action)."""
+    folder = "dev/trajectories" if stage == "dev" else "trajectories"
+    actions = rollout_groups(study)[first_group(study)] if stage == "dev" else None
+    return {
+        action: [
+            results(f"{study}/{model}/{folder}/{action}/{stratum}.parquet")
+            for model in models
+            for stratum in study_strata()
+        ]
+        for action in actions or config["studies"][study]["actions"]
+    }
+
+
+def keyed(prefix, paths):
+    """Named inputs `<prefix>/<key>`, one per entry of the mapping key -> path(s): a script
+    reads them back by key (kvdiverge.pipeline.rule_inputs.keyed_inputs), never by position."""
+    return {f"{prefix}/{key}": path for key, path in paths.items()}
+
+
+def document_stats_files(study):
+    """The study's document-statistics file of each model, by model."""
+    return {model: results(f"{study}/{model}/document_stats.parquet") for model in config["models"]}
+
+
+def action_trajectory_files(study, model):
+    """One model's trajectory files of the study by action: development then evaluation
+    files (an action of a later rollout group has evaluation files only)."""
+    dev = study_trajectory_files(study, [model], "dev")
+    return {
+        action: dev.get(action, []) + evaluation
+        for action, evaluation in study_trajectory_files(study, [model], "evaluation").items()
+    }
+
+
+def development_files(study):
+    """The study's development trajectory files by `<model>/<action>/<stratum>`, the keys
+    kvdiverge.pipeline.rule_inputs.keyed_inputs splits back into (model, action, stratum)."""
+    actions = rollout_groups(study)[first_group(study)]
+    return {
+        f"{model}/{action}/{stratum}": results(
+            f"{study}/{model}/dev/trajectories/{action}/{stratum}.parquet"
+        )
+        for model in config["models"]
+        for action in actions
+        for stratum in study_strata()
+    }
+
+
+def prediction_settings():
+    """config.analysis.prediction less the per-study pairs (each job gets its own pair), so
+    that editing one study's pair reruns only that study's prediction."""
+    return {k: v for k, v in config["analysis"]["prediction"].items() if k != "pairs"}
+
+
+def prespecified_amendment(wildcards):
+    """What the config fixes for a later rollout group before its evaluation rollouts, the
+    study lock aside (kvdiverge.analysis.prespecification.prespecified_group)."""
+    return prespecified_group(
+        config, wildcards.study, wildcards.group, rollout_actions(wildcards.study)
+    )
+
+
+def prespecified_amendments(wildcards):
+    """prespecified_amendment of every later rollout group of the study, by group."""
+    actions = rollout_actions(wildcards.study)
+    return {
+        group: prespecified_group(config, wildcards.study, group, actions)
+        for group in later_groups(wildcards.study)
+    }
+
+
+def amendment_groups():
+    """A regex of every later rollout group's name (rule prespecify_group's `group`)."""
+    names = sorted({g for study in config["studies"] for g in later_groups(study)})
+    return wildcard_alternation(names, "no-group")
+
+
+def pinned_K(wildcards):
+    """The study's K when the config pins one, else None (K: plan)."""
+    K = config["studies"][wildcards.study]["K"]
+    return None if K == "plan" else K

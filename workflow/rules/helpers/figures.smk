@@ -1,0 +1,56 @@
+# Helpers of the figures and tables (workflow/rules/figures.smk; docs/analysis.md, "Figures and
+# tables"): per-study settings and the files of the default target.
+
+
+def study_main_contrast(wildcards):
+    """Tables 3-4's contrast 'b - a': figures.main_contrast, else the prediction pair, else None
+    (the first contrast of the estimands table)."""
+    pair = config["figures"]["main_contrast"].get(wildcards.study)
+    predicted = config["analysis"]["prediction"]["pairs"].get(wildcards.study)
+    if not pair and predicted and list(predicted) in study_contrasts(wildcards.study):
+        pair = predicted
+    return f"{pair[0]} - {pair[1]}" if pair else None
+
+
+def study_tables_inputs(wildcards):
+    """estimands.csv and the study's lock, plus prediction.csv when the study has a prediction
+    pair."""
+    inputs = {
+        "estimands": results(f"{wildcards.study}/tables/estimands.csv"),
+        "lock": results(f"{wildcards.study}/lock.json"),  # the registration the tables name
+    }
+    if config["analysis"]["prediction"]["pairs"].get(wildcards.study):
+        inputs["prediction"] = results(f"{wildcards.study}/tables/prediction.csv")
+    return inputs
+
+
+def family_studies():
+    """Studies with a prespecified endpoint family (family_endpoints > 1): they get figure 7."""
+    return [s for s, spec in config["studies"].items() if spec.get("family_endpoints", 1) > 1]
+
+
+def figures_and_tables_outputs():
+    """Figure 1, every study's figures 5 (pooled, and per stratum in the appendix), 6 and the
+    decomposition (and figure 7 for a family study), Tables 1-4 in CSV, Markdown, LaTeX and
+    HTML, and the estimands' typed Parquet copy and one-page summary."""
+    out = [results(f"theory/figures/fig1_introductory_example.{e}") for e in ("png", "pdf")]
+    for study in config["studies"]:
+        names = [
+            "fig5_divergence_cdf",
+            "fig5_divergence_cdf_strata",
+            "fig6_tv_profiles",
+            "decomposition",
+        ]
+        names += ["fig7_branch_contrasts"] if study in family_studies() else []
+        out += [results(f"{study}/figures/{n}.{e}") for n in names for e in ("png", "pdf")]
+        out += [
+            results(f"{study}/tables/table{i}.{e}")
+            for i in range(1, 5)
+            for e in ("csv", "md", "tex", "html")
+        ]
+        out += [
+            results(f"{study}/tables/estimands.parquet"),
+            results(f"{study}/tables/estimands_summary.md"),
+            results(f"{study}/tables/estimands_summary.html"),
+        ]
+    return out
