@@ -178,3 +178,25 @@ def test_a_short_legend_keeps_the_figure_size(study):
         assert _inside(fig) == []
     finally:
         plt.close(fig)
+
+
+def test_an_all_zero_accuracy_panel_says_so_instead_of_plotting_zeros(study):
+    table, stats = study
+    acc = stats.select("doc_id", "action", "stratum").with_columns(acc_y=pl.lit(0.0))
+    contrast_table, summary = baseline_contrasts(
+        table, stats, acc, LABELS[:3], LABELS[0], H=8, metric="substring_match",
+        draws=50, seed=0, level=0.95, temperature=0.0,
+    )  # fmt: skip
+    fig = plot_contrasts(contrast_table)
+    try:
+        panel = fig.axes[3]
+        assert [t.get_text() for t in panel.texts] == [
+            "no generation answers\ncorrectly (accuracy 0%\nfor every action):\nnothing to compare"
+        ]
+        assert len(panel.lines) == 0 and list(panel.get_xticks()) == []
+        assert len(fig.axes[0].lines) > 0  # the other panels are drawn
+        assert _inside(fig) == []
+    finally:
+        plt.close(fig)
+    assert "so task accuracy does not tell them apart here" in summary
+    assert "greedy decoding" in summary

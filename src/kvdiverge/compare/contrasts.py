@@ -234,7 +234,12 @@ def contrast_sentences(table: pl.DataFrame, H: int, metric: str, temperature: fl
                 f"and rate (how often tokens differ after divergence) {shares[2]:.0f}%."
             )
         a = by.get("accuracy")
-        if a is not None:
+        if a is not None and a["action_value"] == a["baseline_value"] == 0:
+            out.append(
+                f"No generation of {action} or {baseline} answers correctly ({metric}: 0% for "
+                "both), so task accuracy does not tell them apart here."
+            )
+        elif a is not None:
             other = f"{baseline}'s ({100 * a['baseline_value']:.0f}%)"
             words = ("points higher", "points lower")
             acc = _directed(a["value"], a["ci_low"], a["ci_high"], words, other, 1, 100)
@@ -323,6 +328,20 @@ _PANELS = (
 )
 
 
+def _empty_panel_note(rows: pl.DataFrame, estimand: str) -> str | None:
+    """Why a panel of the contrast figure has nothing to show, or None: every difference
+    undefined, or (accuracy) every action and the baseline at 0."""
+    finite = [v for v in rows["value"].to_list() if v is not None and math.isfinite(v)]
+    if not finite:
+        return "undefined for every action\n(no divergence to time)"
+    sides = [*rows["action_value"].to_list(), *rows["baseline_value"].to_list()]
+    if estimand == "accuracy" and all(v == 0 for v in sides):
+        return (
+            "no generation answers\ncorrectly (accuracy 0%\nfor every action):\nnothing to compare"
+        )
+    return None
+
+
 def plot_contrasts(table: pl.DataFrame, styles: dict | None = None):
     """The contrast figure: one panel per headline difference (ΔR_SMC, Δ P(τ ≤ H), Δ mean
     entry time, Δ accuracy), one row per action, point and paired interval, zero marked; the
@@ -338,6 +357,13 @@ def plot_contrasts(table: pl.DataFrame, styles: dict | None = None):
     for ax, (estimand, label, scale) in zip(axes[0], _PANELS, strict=True):
         rows = table.filter(pl.col("estimand") == estimand)
         values = {r["action"]: r for r in rows.iter_rows(named=True)}
+        note = _empty_panel_note(rows, estimand)
+        if note is not None:  # nothing to draw: say so instead of plotting zeros
+            ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, wrap=True)
+            ax.set_xticks([])
+            ax.set_xlabel(label)
+            ax.grid(visible=False)
+            continue
         for i, action in enumerate(actions):
             r = values.get(action)
             if r is None or r["value"] is None or not math.isfinite(r["value"]):
