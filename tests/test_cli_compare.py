@@ -140,6 +140,12 @@ def test_the_python_api_returns_frames(prompts):
         ({"--baseline": "recent@0.5"}, "--baseline: 'recent@0.5' is the only action; add"),
         ({"--temperature": "-1"}, "--temperature: expected a finite number >= 0 (0: greedy)"),
         ({"--actions": "a=recent@0.5,a=full"}, "--actions: label 'a' given twice"),
+        (
+            {"--actions": "no_such_mod:X@0.5"},
+            "--actions: actions.no_such_mod:X@0.5.selector: cannot import module 'no_such_mod' "
+            "(No module named 'no_such_mod') (looked in the current folder, PYTHONPATH and the "
+            "installed packages)",
+        ),
     ],
 )
 def test_bad_inputs_are_one_line(prompts, tmp_path, capsys, change, message):
@@ -201,6 +207,8 @@ def test_the_researchers_comparison_from_the_selector_folder(prompts, tmp_path):
         and "actions snapkv, mine, recent (baseline snapkv)" in err[1]
     )
     assert err[-1] == f"wrote {folder.name}" and not any("Traceback" in line for line in err)
+    progress = [line.split(" done: ")[0] for line in err if " done: " in line]
+    assert progress == ["prompt 1/2 (id 'fox')", "prompt 2/2 (line 2)"]
     contrasts = pl.read_csv(folder / "contrasts.csv")
     assert contrasts["action"].unique(maintain_order=True).to_list() == ["mine", "recent"]
     assert set(contrasts["baseline"]) == {"snapkv"} and contrasts.height == 2 * 10
@@ -212,3 +220,20 @@ def test_the_researchers_comparison_from_the_selector_folder(prompts, tmp_path):
     assert "<tr><th>mine</th>" in (folder / "generations.html").read_text()
     assert (folder / "trajectories" / "mine.parquet").exists()
     assert pl.read_csv(folder / "table1.csv")["action"].to_list() == ["snapkv", "mine", "recent"]
+
+
+def test_the_python_api_takes_records_and_data_frames():
+    by_list = compare(MODEL, PROMPTS, "recent@0.5", K=1, H=4, draws=10)
+    same = [r | {"answers": [r["answers"]] if isinstance(r["answers"], str) else r["answers"]}
+            for r in PROMPTS]  # fmt: skip
+    by_frame = compare(MODEL, pl.DataFrame(same), "recent@0.5", K=1, H=4, draws=10)
+    for result in (by_list, by_frame):
+        gen = result.generations.sort("doc_id")
+        assert gen["user_id"].to_list() == ["fox", None]
+        assert gen["line"].to_list() == ["line 1", "line 2"]
+    assert by_list.generations.equals(by_frame.generations)
+    with pytest.raises(CompareError) as err:
+        compare(MODEL, [PROMPTS[0], {"prompt": "x"}], "recent@0.5", H=4)
+    assert str(err.value) == "prompts, record 2, field 'answers': missing"
+    with pytest.raises(CompareError, match="^prompts: expected a .jsonl or .parquet path, a list"):
+        compare(MODEL, 42, "recent@0.5", H=4)

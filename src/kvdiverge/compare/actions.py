@@ -115,7 +115,11 @@ def _parse_spec(label: str, spec: str, option: str) -> ActionSpec:
     try:
         return parse_action(entry, name=label)
     except ActionError as exc:
-        raise CompareError(f"{option}: {exc}") from None
+        hint = ""
+        if "cannot import module" in str(exc):
+            where = "the current folder, " if os.getcwd() in sys.path else ""
+            hint = f" (looked in {where}PYTHONPATH and the installed packages)"
+        raise CompareError(f"{option}: {exc}{hint}") from None
 
 
 def _items(text: str | Sequence[str], option: str) -> list[str]:

@@ -142,6 +142,52 @@ def _name_user_prompt(message: str, keys: pl.DataFrame) -> str:
     return message
 
 
+class _PromptProgress:
+    """One log line per finished prompt, with the user's id or line and the elapsed time (the
+    ``progress`` of :func:`kvdiverge.engine.rollout_job.rollout_documents_actions`)."""
+
+    def __init__(self, keys: pl.DataFrame, say: Callable[[str], None], start: float) -> None:
+        self.names = [
+            f"id {user_id!r}" if user_id is not None else line
+            for user_id, line in keys.select("user_id", "line").rows()
+        ]
+        self.say, self.start, self.done = say, start, 0
+
+    def update(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.done += 1
+            name = self.names[self.done - 1] if self.done <= len(self.names) else "?"
+            elapsed = time.perf_counter() - self.start
+            self.say(f"prompt {self.done}/{len(self.names)} ({name}) done: {elapsed:.1f} s")
+
+
+def _prompts_file(prompts: Any, scratch: Path) -> Path:
+    """``prompts`` as a file: a path as given, or a list of records (dicts) or a polars / pandas
+    DataFrame written as JSONL into ``scratch`` (then ``line N`` names record N)."""
+    import json
+
+    if isinstance(prompts, str | os.PathLike):
+        return Path(prompts)
+    if hasattr(prompts, "to_dicts"):  # polars
+        records = prompts.to_dicts()
+    elif hasattr(prompts, "to_dict") and hasattr(prompts, "columns"):  # pandas
+        records = prompts.to_dict(orient="records")
+    elif isinstance(prompts, Sequence) and all(isinstance(r, dict) for r in prompts):
+        records = list(prompts)
+    else:
+        raise CompareError(
+            "prompts: expected a .jsonl or .parquet path, a list of records (dicts with prompt, "
+            f"answers, optional id, task, context) or a DataFrame of them, got "
+            f"{type(prompts).__name__}"
+        )
+    path = scratch / "prompts.jsonl"
+    try:
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    except TypeError as exc:
+        raise CompareError(f"prompts: a record is not JSON data ({exc})") from None
+    return path
+
+
 def planned_files(actions: Sequence[LabelledAction], baseline: str | None) -> list[str]:
     """Every file :func:`compare` writes, relative to its folder."""
     files = ["documents.parquet", "estimands.csv", "estimands.md"]
@@ -182,7 +228,7 @@ def _write_trajectories(
 
 def compare(
     model: str | os.PathLike,
-    prompts: str | os.PathLike,
+    prompts: str | os.PathLike | Sequence[dict] | Any,
     actions: str | Sequence[str],
     *,
     baseline: str | None = None,
@@ -204,7 +250,8 @@ def compare(
     """Run a small study of ``actions`` on ``prompts`` with ``model`` (module docstring).
 
     ``model``: a local model folder or a hub id in the cache; ``prompts``: a ``.jsonl`` or
-    ``.parquet`` file of records (``prompt``, ``answers``, optional ``id``, ``task``, ``context``);
+    ``.parquet`` file of records (``prompt``, ``answers``, optional ``id``, ``task``, ``context``),
+    or a list of such records or a DataFrame of them;
     ``actions``: ``"a,b"`` or a list of items (:func:`kvdiverge.compare.actions.parse_actions`);
     ``baseline``: the label of one of them, or an action item of its own, that every other action
     is contrasted against (``contrasts.csv``, ``summary.md``); ``K`` replicates per prompt and
@@ -230,10 +277,6 @@ def compare(
         raise CompareError(f"--baseline: {base!r} is the only action; add --actions to compare")
     names = [a.label for a in labelled]
     root = None if out is None else check_out(out, planned_files(labelled, base), force)
-    if temperature == 0 and K > 1:
-        say(f"temperature 0 (greedy): every replicate is the same path, so K = 1 (not {K})")
-        K = 1
-    prompts = Path(prompts)
     spec = {"path": str(model), "trust_remote_code": trust_remote_code}
     try:
         info = check_model_source(spec, "--model")
@@ -245,14 +288,27 @@ def compare(
         return len(chat_prompt_ids(tokenizer, prompt))
 
     max_positions = info.get("max_positions") if info else None
-    documents, records = _documents(prompts, H, metric, length_fn)
-    keys = _user_keys(documents, records, prompts)
+    with tempfile.TemporaryDirectory(prefix="kvdiverge-prompts-") as scratch:
+        path = _prompts_file(prompts, Path(scratch))
+        try:
+            documents, records = _documents(path, H, metric, length_fn)
+        except CompareError as exc:
+            if isinstance(prompts, str | os.PathLike):
+                raise
+            message = str(exc).replace(f"{path}, line ", "prompts, record ")
+            raise CompareError(message.replace(str(path), "prompts")) from None
+        keys = _user_keys(documents, records, path)
+    source = path if isinstance(prompts, str | os.PathLike) else "the records given"
     try:
         check_documents(
-            documents, {a.label: a.action for a in labelled}, max_positions, H, str(prompts)
+            documents, {a.label: a.action for a in labelled}, max_positions, H, str(source)
         )
     except ValueError as exc:
         raise CompareError(_name_user_prompt(str(exc), keys)) from None
+    if temperature == 0 and K > 1:
+        say(f"temperature 0 (greedy): every replicate is the same path, so K = 1 (not {K})")
+        K = 1
+    prompts = source
     say(
         f"{documents.height} prompts from {prompts}; actions {', '.join(names)}"
         + (f" (baseline {base})" if base else "")
@@ -268,7 +324,7 @@ def compare(
 
 def _run(
     model: str | os.PathLike,
-    prompts: Path,
+    prompts: Path | str,
     labelled: list[LabelledAction],
     base: str | None,
     documents: pl.DataFrame,
@@ -326,8 +382,9 @@ def _run(
         H=H, seed=seed, max_batch_rows=max_batch_rows, temperature=temperature
     )
     jobs = [(d, p, dict.fromkeys(names, K)) for d, p in documents.select("doc_id", "prompt").rows()]
+    progress = _PromptProgress(keys, say, time.perf_counter())
     try:
-        frames = rollout_documents_actions(lm, tokenizer, jobs, specs, eos, settings)
+        frames = rollout_documents_actions(lm, tokenizer, jobs, specs, eos, settings, progress)
     except ActionError as exc:  # a selector broke its contract (kvdiverge.eviction.contract)
         raise CompareError(str(exc)) from exc
     say(
