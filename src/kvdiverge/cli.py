@@ -60,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
         "action of its own (e.g. snapkv=snapkv@0.5); writes contrasts.{csv,md}, summary.md and "
         "the contrast and decomposition figures",
     )
+    compare.add_argument(
+        "--budgets",
+        help="a budget sweep: every action with a budget (not the baseline) at each of these "
+        "budgets, e.g. 0.25,0.5,0.75 (labels LABEL@b); writes budget_sweep.{csv,png,pdf}",
+    )
     compare.add_argument("--K", type=int, default=4, help="replicates per prompt (default 4)")
     compare.add_argument("--H", type=int, default=32, help="generated tokens (default 32)")
     compare.add_argument(
@@ -105,6 +110,7 @@ def _compare(args: argparse.Namespace) -> int:
         args.prompts,
         args.actions,
         baseline=args.baseline,
+        budgets=args.budgets,
         K=args.K,
         H=args.H,
         temperature=args.temperature,
@@ -120,7 +126,8 @@ def _compare(args: argparse.Namespace) -> int:
         log=lambda message: print(message, file=sys.stderr),
     )
     shown = ("summary.md", "contrasts.csv", "table1.html", "generations.html")
-    shown += ("fig5_divergence_cdf.png", "contrasts.png", "accuracy.png", "estimands.csv")
+    shown += ("fig5_divergence_cdf.png", "contrasts.png", "budget_sweep.png", "accuracy.png")
+    shown += ("estimands.csv",)
     for name in shown:
         if name in result.files:
             print(result.files[name])

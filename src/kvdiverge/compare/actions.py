@@ -30,7 +30,9 @@ __all__ = [
     "add_cwd_to_path",
     "parse_action_list",
     "parse_actions",
+    "parse_budgets",
     "path_name",
+    "sweep_budgets",
     "with_baseline",
 ]
 
@@ -194,3 +196,50 @@ def add_cwd_to_path(specs: Sequence[str]) -> bool:
         return False
     sys.path.append(cwd)
     return True
+
+
+def parse_budgets(text: str | Sequence[float | int] | None) -> list[float | int] | None:
+    """Budgets of a sweep from ``0.25,0.5,0.75`` (or a list): fractions in (0, 1] or token
+    counts >= 1, distinct; one-line :class:`CompareError` naming ``--budgets``."""
+    if text is None:
+        return None
+    items = [_value(t.strip()) for t in text.split(",")] if isinstance(text, str) else list(text)
+    expected = "expected comma-separated budgets (fractions in (0, 1] or token counts >= 1)"
+    if not items:
+        raise CompareError(f"--budgets: {expected}, got {text!r}")
+    for b in items:
+        fraction = isinstance(b, float) and 0 < b <= 1
+        tokens = isinstance(b, int) and not isinstance(b, bool) and b >= 1
+        if not (fraction or tokens):
+            raise CompareError(f"--budgets: {expected}, got {b!r}")
+    dup = sorted({str(b) for b in items if items.count(b) > 1})
+    if dup:
+        raise CompareError(f"--budgets: budget {dup[0]} given twice")
+    return items
+
+
+def sweep_budgets(
+    actions: Sequence[LabelledAction], budgets: Sequence[float | int] | None, keep: str | None
+) -> tuple[list[LabelledAction], dict[str, tuple[str, float | int]]]:
+    """Each action with a budget (not ``keep``, the baseline, nor one that keeps everything)
+    repeated at every budget of the sweep: labelled ``LABEL@b`` (or its spec with the budget
+    replaced when it has no label of its own). Returns the actions and, per swept label, its
+    method (the label or spec without budget) and budget."""
+    if not budgets:
+        return list(actions), {}
+    out: list[LabelledAction] = []
+    sweep: dict[str, tuple[str, float | int]] = {}
+    for a in actions:
+        if a.label == keep or a.action.keeps_everything or a.action.budget is None:
+            out.append(a)
+            continue
+        head, *params = a.spec.split("+")
+        selector = head.partition("@")[0]
+        method = a.label if a.label != a.spec else "+".join([selector, *params])
+        for b in budgets:
+            spec = "+".join([f"{selector}@{b}", *params])
+            label = f"{a.label}@{b}" if a.label != a.spec else spec
+            out.append(LabelledAction(label, spec, _parse_spec(label, spec, "--budgets")))
+            sweep[label] = (method, b)
+    _check_labels(out, "--budgets")
+    return out, sweep

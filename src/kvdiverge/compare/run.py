@@ -34,6 +34,8 @@ from kvdiverge.compare.actions import (
     CompareError,
     LabelledAction,
     parse_actions,
+    parse_budgets,
+    sweep_budgets,
     with_baseline,
 )
 from kvdiverge.compare.folder import check_out, claim_out, finish_out
@@ -64,6 +66,7 @@ class CompareResult:
     generations: pl.DataFrame
     contrasts: pl.DataFrame | None = None
     summary: str = ""
+    budget_sweep: pl.DataFrame | None = None
     files: dict[str, Path] = field(default_factory=dict)
 
 
@@ -188,7 +191,9 @@ def _prompts_file(prompts: Any, scratch: Path) -> Path:
     return path
 
 
-def planned_files(actions: Sequence[LabelledAction], baseline: str | None) -> list[str]:
+def planned_files(
+    actions: Sequence[LabelledAction], baseline: str | None, sweep: bool = False
+) -> list[str]:
     """Every file :func:`compare` writes, relative to its folder."""
     files = ["documents.parquet", "estimands.csv", "estimands.md"]
     files += [f"trajectories/{a.file_stem}.parquet" for a in actions]
@@ -199,6 +204,8 @@ def planned_files(actions: Sequence[LabelledAction], baseline: str | None) -> li
     if baseline is not None:
         files += ["contrasts.csv", "contrasts.md", "summary.md"]
         files += ["contrasts.png", "contrasts.pdf", "decomposition.png", "decomposition.pdf"]
+    if sweep:
+        files += ["budget_sweep.csv", "budget_sweep.png", "budget_sweep.pdf"]
     return files
 
 
@@ -232,6 +239,7 @@ def compare(
     actions: str | Sequence[str],
     *,
     baseline: str | None = None,
+    budgets: str | Sequence[float | int] | None = None,
     K: int = 4,
     H: int = 32,
     temperature: float = 1.0,
@@ -254,7 +262,9 @@ def compare(
     or a list of such records or a DataFrame of them;
     ``actions``: ``"a,b"`` or a list of items (:func:`kvdiverge.compare.actions.parse_actions`);
     ``baseline``: the label of one of them, or an action item of its own, that every other action
-    is contrasted against (``contrasts.csv``, ``summary.md``); ``K`` replicates per prompt and
+    is contrasted against (``contrasts.csv``, ``summary.md``); ``budgets``: a sweep, each action
+    with a budget (not the baseline) run at every budget given (``0.25,0.5,0.75``; labels
+    ``LABEL@b``), with ``budget_sweep.{csv,png,pdf}``; ``K`` replicates per prompt and
     action; ``H`` generated tokens; ``temperature``: the decoding temperature (0: greedy, and
     K = 1 since every replicate is the same path); ``out`` (optional) the folder for the files,
     new or empty unless ``force`` (which replaces only what an earlier compare wrote there:
@@ -275,8 +285,14 @@ def compare(
     labelled, base = with_baseline(parse_actions(actions), baseline)
     if base is not None and len(labelled) < 2:
         raise CompareError(f"--baseline: {base!r} is the only action; add --actions to compare")
+    labelled, sweep = sweep_budgets(labelled, parse_budgets(budgets), base)
+    if budgets is not None and not sweep:
+        raise CompareError(
+            "--budgets: no action to sweep (every action keeps everything or is the baseline)"
+        )
     names = [a.label for a in labelled]
-    root = None if out is None else check_out(out, planned_files(labelled, base), force)
+    planned = planned_files(labelled, base, bool(sweep))
+    root = None if out is None else check_out(out, planned, force)
     spec = {"path": str(model), "trust_remote_code": trust_remote_code}
     try:
         info = check_model_source(spec, "--model")
@@ -315,7 +331,7 @@ def compare(
         + f"; K={K}, H={H}, temperature {temperature:g}"
     )
     return _run(
-        model, prompts, labelled, base, documents, keys, tokenizer, root,
+        model, prompts, labelled, base, sweep, documents, keys, tokenizer, root,
         K=K, H=H, temperature=temperature, seed=seed, draws=draws, level=level, metric=metric,
         device=device, dtype=dtype, trust_remote_code=trust_remote_code,
         max_batch_rows=max_batch_rows, say=say,
@@ -327,6 +343,7 @@ def _run(
     prompts: Path | str,
     labelled: list[LabelledAction],
     base: str | None,
+    sweep: dict[str, tuple[str, float | int]],
     documents: pl.DataFrame,
     keys: pl.DataFrame,
     tokenizer: Any,
@@ -357,6 +374,7 @@ def _run(
     from kvdiverge.analysis.estimands import all_pairs, estimands_table, write_estimands
     from kvdiverge.compare.contrasts import baseline_contrasts, write_contrast_outputs
     from kvdiverge.compare.generations import generations_table, write_generations
+    from kvdiverge.compare.sweep import sweep_table, write_sweep
     from kvdiverge.datasets import write_documents
     from kvdiverge.engine.rollout_job import rollout_documents_actions
     from kvdiverge.engine.settings import RolloutSettings
@@ -405,7 +423,7 @@ def _run(
         "eos_ids": list(eos),
     }
     files: dict[str, Path] = {}
-    planned = planned_files(labelled, base)
+    planned = planned_files(labelled, base, bool(sweep))
     if root is not None:
         claim_out(root, planned)
     with tempfile.TemporaryDirectory(prefix="kvdiverge-compare-") as scratch:
@@ -447,6 +465,7 @@ def _run(
     )
     acc_table = accuracy_study_table(accuracy, names)
     generations = generations_table(frames, names, with_metrics, keys, tokenizer, depth)
+    swept = sweep_table(estimands, sweep) if sweep else None
     table, summary = (None, "")
     if base is not None:
         table, summary = baseline_contrasts(
@@ -476,6 +495,8 @@ def _run(
         )
         if table is not None:
             write_contrast_outputs(table, summary, estimands, names, base, root)
+        if swept is not None:
+            write_sweep(swept, estimands, base, root)
         finish_out(root, planned)
         files |= {p: root / p for p in planned if not p.startswith("trajectories/")}
         say(f"wrote {root}")
@@ -489,5 +510,6 @@ def _run(
         generations=generations,
         contrasts=table,
         summary=summary,
+        budget_sweep=swept,
         files=files,
     )
