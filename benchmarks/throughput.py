@@ -31,12 +31,22 @@ Usage::
     python benchmarks/throughput.py                       # both models, both shapes
     python benchmarks/throughput.py --models smollm2 --shapes cpu-study --lengths 2048
     python benchmarks/throughput.py --sweep 48 96 192 384  # decode rate per row budget
+    # the replication's shapes (H = 128, 4K and 8K prompts, study 1's and study 2's actions),
+    # today's gathered prompt attention beside the chosen layout:
+    python benchmarks/throughput.py --models smollm2 --shapes study1 study2 --lengths 4096 8192 \
+        --H 128 --layouts gathered auto --threads 1
+
+Every ratio is printed with the GEMM rate it was taken against (the mean of the rates measured
+before and after the job, and after the baseline) and a flag ("GEMM moved") when those rates
+differ by more than 20%: such a ratio was taken on a machine loaded by other work and is not a
+result.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -64,6 +74,12 @@ ACTIONS = [
     parse_action({"selector": "recent", "budget": 0.5}, name="recent-half"),
     parse_action({"selector": "full"}, name="full"),
 ]
+# configs/cpu-study.yaml's study 2 (with the control)
+STUDY2_ACTIONS = [
+    parse_action({"selector": "snapkv", "budget": 0.9}, name="snapkv-90"),
+    parse_action({"selector": "recent", "budget": 0.9}, name="recent-90"),
+    parse_action({"selector": "full"}, name="full"),
+]
 GEMM = (2048, 576, 1536)
 
 
@@ -75,13 +91,16 @@ class Shape:
     n: int
     H: int
     counts: tuple[dict[str, int], ...]
+    actions: tuple = tuple(ACTIONS)
 
 
-def job_counts(k: int, k_dev: int, k_control: int, n_dev: int, n_eval: int) -> tuple[dict, ...]:
+def job_counts(
+    k: int, k_dev: int, k_control: int, n_dev: int, n_eval: int, actions: Sequence = ACTIONS
+) -> tuple[dict, ...]:
     """Per document {action: K}: the development documents at K_dev, the evaluation ones at
-    K, the control at K_control on both (``config.yaml``'s study 1)."""
-    dev = {a.name: (k_control if a.name == "full" else k_dev) for a in ACTIONS}
-    ev = {a.name: (k_control if a.name == "full" else k) for a in ACTIONS}
+    K, the control at K_control on both (``config.yaml``'s study 1 by default)."""
+    dev = {a.name: (k_control if a.name == "full" else k_dev) for a in actions}
+    ev = {a.name: (k_control if a.name == "full" else k) for a in actions}
     return tuple([dev] * n_dev + [ev] * n_eval)
 
 
@@ -92,6 +111,13 @@ def shapes(names: Sequence[str], lengths: Sequence[int], H: int) -> list[Shape]:
     if "cpu-study" in names:  # configs/cpu-study.yaml: 2 dev + 3 study1 documents per stratum
         for n in lengths:
             out.append(Shape(f"cpu-study {n // 1024}K", n - H, H, job_counts(4, 2, 2, 2, 3)))
+    # the replication's jobs (configs/cpu-study.yaml's studies at the given H and lengths): one
+    # stratum's 2 development + 3 evaluation documents, K = 4, K_dev = K_control = 2
+    for study, actions in (("study1", ACTIONS), ("study2", STUDY2_ACTIONS)):
+        if study in names:
+            for n in lengths:
+                counts = job_counts(4, 2, 2, 2, 3, actions)
+                out.append(Shape(f"{study} {n // 1024}K H={H}", n - H, H, counts, tuple(actions)))
     return out
 
 
@@ -189,12 +215,13 @@ class FlopCounter:
         self._handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
 
     def step_flops(self, shared, rows: int, own: int) -> int:
+        """A call's useful arithmetic: each row's KEPT prompt entries (the masked layout's
+        evicted entries, scored and dropped, are not counted) and its own entries."""
         per_entry = 4 * self.d * self.heads * self.layers
         prompt = sum(
-            r.numel() * prompt[0][0].shape[1]
-            for r, prompt in zip(shared.rows, shared.prompts, strict=True)
+            r.numel() * kept for r, kept in zip(shared.rows, shared.kept_entries(), strict=True)
         )
-        return rows * 2 * (self.body + self.head) + per_entry * (prompt + rows * own)
+        return int(rows * 2 * (self.body + self.head) + per_entry * (prompt + rows * own))
 
     def __enter__(self) -> FlopCounter:
         counter = self
@@ -247,7 +274,7 @@ def prefill_flops(counter: FlopCounter, n: int) -> float:
     )
 
 
-def measure_job(model, docs, eos, settings, counter: FlopCounter) -> dict:
+def measure_job(model, docs, eos, settings, counter: FlopCounter, actions=ACTIONS) -> dict:
     """The job's documents through ``rollout_documents``: the prefills as the engine times them
     (with the actions' window queries); decode seconds are the wall time less the prefills and
     selections."""
@@ -255,7 +282,7 @@ def measure_job(model, docs, eos, settings, counter: FlopCounter) -> dict:
     counter.seconds = dict.fromkeys(counter.seconds, 0.0)
     start = clock()
     with counter:
-        results = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
+        results = dict(rollout_documents(model, docs, actions, eos, settings))
     wall = clock() - start
     first = [next(iter(r.values())) for r in results.values()]
     prefill = sum(f.prefill_seconds for f in first)
@@ -288,7 +315,15 @@ def measure_baseline(model, ids, K: int, H: int, eos) -> float:
     return seconds / K
 
 
-def run(model_name: str, shape: Shape, rows: int, baseline: bool, device: str, dtype: str) -> dict:
+def run(
+    model_name: str,
+    shape: Shape,
+    rows: int,
+    baseline: bool,
+    device: str,
+    dtype: str,
+    layout: str = "auto",
+) -> dict:
     model = load_model(str(MODELS[model_name]), device=device, dtype=dtype)
     tokenizer = load_tokenizer(str(MODELS[model_name]))
     eos = eos_token_ids(model, tokenizer)
@@ -299,13 +334,14 @@ def run(model_name: str, shape: Shape, rows: int, baseline: bool, device: str, d
     counter = FlopCounter(model)
     run_prefill(model, prompts[0][:64])  # warm-up: first-call allocations and kernel choice
     gemm = [gemm_rate(model)]
-    settings = RolloutSettings(shape.H, 1, max_batch_rows=rows)
-    dec = measure_job(model, docs, eos, settings, counter)
+    settings = RolloutSettings(shape.H, 1, max_batch_rows=rows, prompt_attention=layout)
+    dec = measure_job(model, docs, eos, settings, counter, shape.actions)
     prefill = dec.pop("prefill")
     gemm.append(gemm_rate(model))
     out = {
         "model": f"{model_name} ({str(model.dtype).removeprefix('torch.')})",
         "shape": shape.name,
+        "layout": layout,
         "n": shape.n,
         "prefill": prefill,
         "decode": dec,
@@ -316,6 +352,7 @@ def run(model_name: str, shape: Shape, rows: int, baseline: bool, device: str, d
         gemm.append(gemm_rate(model))
     counter.close()
     out["gemm"] = gemm
+    out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return out
 
 
@@ -337,14 +374,16 @@ def report(rows: list[dict], file: Any = None) -> None:
         "ratios against their mean\n"
     )
     say(
-        "| model | shape | rows/call | decode row-steps/s | decode GFLOP/s | prefill tok/s | "
-        "prefill GFLOP/s | GEMM GFLOP/s | decode/GEMM | prefill/GEMM | × baseline |"
+        "| model | shape | prompt attention | rows/call | decode row-steps/s | decode GFLOP/s | "
+        "prefill tok/s | prefill GFLOP/s | GEMM GFLOP/s (min–max) | decode/GEMM | "
+        "prefill/GEMM | × baseline | peak RSS GiB |"
     )
-    say("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    say("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         g = np.array(r["gemm"])
         peak = float(g.mean())
-        flag = " (contended)" if g.max() > 1.2 * g.min() else ""
+        moved = g.max() > 1.2 * g.min()
+        flag = " ⚑ GEMM moved" if moved else ""
         d, p = r["decode"], r["prefill"]
         speedup = (
             f"{r['baseline_path_seconds'] / d['path_seconds']:.1f}×"
@@ -352,22 +391,26 @@ def report(rows: list[dict], file: Any = None) -> None:
             else "—"
         )
         say(
-            f"| {r['model']} | {r['shape']} (n={r['n']}) | {d['rows_per_call']:.0f} | "
+            f"| {r['model']} | {r['shape']} (n={r['n']}) | {r.get('layout', 'auto')} | "
+            f"{d['rows_per_call']:.0f} | "
             f"{d['row_steps_per_s']:.0f} | {d['gflops']:.1f} | {p['tokens_per_s']:.0f} | "
             f"{p['gflops']:.1f} | {g.min():.0f}–{g.max():.0f}{flag} | "
-            f"{d['gflops'] / peak:.0%} | {p['gflops'] / peak:.0%} | {speedup} |"
+            f"{d['gflops'] / peak:.0%} of {peak:.0f}{flag} | "
+            f"{p['gflops'] / peak:.0%} of {peak:.0f}{flag} | {speedup} | "
+            f"{r.get('peak_rss_gib', float('nan')):.1f} |"
         )
     say("\nDecode time by part (seconds; attention blocks include their projections):\n")
     say(
-        "| model | shape | decode s | attention | of which shared-prefix | MLP | LM head | "
-        "other in calls | outside calls (coupling, softmax, bookkeeping) |"
+        "| model | shape | prompt attention | decode s | attention | of which shared-prefix | "
+        "MLP | LM head | other in calls | outside calls (coupling, softmax, bookkeeping) |"
     )
-    say("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    say("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         d, b = r["decode"], r["decode"]["breakdown"]
         other = b["model"] - b["attention"] - b["mlp"] - b["lm_head"]
         say(
-            f"| {r['model']} | {r['shape']} | {d['seconds']:.1f} | {b['attention']:.1f} | "
+            f"| {r['model']} | {r['shape']} | {r.get('layout', 'auto')} | {d['seconds']:.1f} | "
+            f"{b['attention']:.1f} | "
             f"{b['shared-prefix']:.1f} | {b['mlp']:.1f} | {b['lm_head']:.1f} | {other:.1f} | "
             f"{b['outside']:.1f} |"
         )
@@ -414,6 +457,16 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--sweep", type=int, nargs="+", help="row budgets to compare instead")
     parser.add_argument("--sweep-docs", type=int, default=12, help="documents of the sweep")
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "gathered", "masked"],
+        help="RolloutSettings.prompt_attention values to time, one after the other",
+    )
+    parser.add_argument(
+        "--model-path", action="append", default=[], help="NAME=FOLDER: a model's folder"
+    )
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument(
@@ -423,6 +476,11 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
+    for item in args.model_path:
+        name, _, folder = item.partition("=")
+        if name not in MODELS or not folder:
+            parser.error(f"--model-path: expected NAME=FOLDER with NAME in {', '.join(MODELS)}")
+        MODELS[name] = Path(folder)
     if args.sweep:
         for name in args.models:
             sweep(name, args.sweep, 8, args.sweep_docs, args.device, args.dtype)
@@ -431,9 +489,13 @@ def main() -> None:
     out = []
     for name in args.models:
         for shape in shapes(args.shapes, args.lengths, args.H):
-            out.append(run(name, shape, rows, not args.no_baseline, args.device, args.dtype))
-            print(f"max_batch_rows {rows}", file=sys.stderr)
-            report(out[-1:], file=sys.stderr)  # each row as soon as it is measured
+            for i, layout in enumerate(args.layouts):
+                baseline = not args.no_baseline and i == 0  # the baseline once per shape
+                out.append(run(name, shape, rows, baseline, args.device, args.dtype, layout))
+                if not baseline and "baseline_path_seconds" in out[-1 - i]:
+                    out[-1]["baseline_path_seconds"] = out[-1 - i]["baseline_path_seconds"]
+                print(f"max_batch_rows {rows}", file=sys.stderr)
+                report(out[-1:], file=sys.stderr)  # each row as soon as it is measured
     print(f"max_batch_rows {rows}")
     report(out)
 

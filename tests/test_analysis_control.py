@@ -115,9 +115,13 @@ def test_tolerance_by_device_and_dtype(study, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_broken_gather_fails_the_pipelines_control_check(tmp_path, monkeypatch):
-    """The control runs through the gather and the shared-prefix attention like any action, so
-    a defect there (values scaled by one half) makes the pipeline's control check fail."""
+@pytest.mark.parametrize("layout", ["gathered", "masked"])
+def test_a_broken_gather_fails_the_pipelines_control_check(tmp_path, monkeypatch, layout):
+    """The control runs through the gather (or, in the masked layout, its mask over the full
+    prompt) and the shared-prefix attention like any action, so a defect there (values scaled
+    by one half; a kept entry dropped from the mask) makes the pipeline's control check fail."""
+    import torch
+
     import kvdiverge.engine.document as decode
     from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
 
@@ -126,19 +130,27 @@ def test_a_broken_gather_fails_the_pipelines_control_check(tmp_path, monkeypatch
     model = {"name": "tiny-llama", "path": str(root / "data" / "models" / "tiny-llama")}
     actions = {"full": {"selector": "full"}, "recent-half": {"selector": "recent", "budget": 0.5}}
     cohorts = {name: {"dev": 2} for name in actions}
+    settings = RolloutSettings(8, 1, prompt_attention=layout)
 
     def job(folder):
         out = {name: tmp_path / folder / f"{name}.parquet" for name in actions}
-        run_stratum_rollout_job(documents, out, model, actions, cohorts, RolloutSettings(8, 1))
+        run_stratum_rollout_job(documents, out, model, actions, cohorts, settings)
         return {name: [path] for name, path in out.items()}
 
     document_stats(job("sound"), [documents], control="full")  # passes
-    gather = decode.gather_prefix
+    gather, mask = decode.gather_prefix, decode.kept_mask
 
     def broken(prefill, kept):
         return [(keys, 0.5 * values) for keys, values in gather(prefill, kept)]
 
+    def broken_mask(prefill, kept):
+        masks = mask(prefill, kept) or [
+            torch.ones(k.shape[:2], dtype=torch.bool) for k in prefill.keys
+        ]
+        return [m.index_fill(1, torch.tensor([0]), False) for m in masks]
+
     monkeypatch.setattr(decode, "gather_prefix", broken)
+    monkeypatch.setattr(decode, "kept_mask", broken_mask)
     with pytest.raises(ControlCheckError) as info:
         document_stats(job("broken"), [documents], control="full")
     assert "full-retention control failed" in str(info.value) and "\n" not in str(info.value)

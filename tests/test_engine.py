@@ -326,7 +326,7 @@ def test_trajectory_parquet_round_trip_and_malformed_file(demo, tmp_path):
 
 def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
     """Every row group attends to one (H_kv, n, d) prompt tensor; each row's cache holds only
-    its ≤ H generated entries."""
+    its ≤ H generated entries (gathered layout; the masked one: tests/test_prompt_layouts.py)."""
     model, _, ids, eos = demo
     seen = []
     real = attention.shared_prefix_attention
@@ -345,9 +345,8 @@ def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
     interface[attention.ATTENTION_NAME] = spy
     try:
         pre = run_prefill(model, ids, 32)
-        rollout_document(
-            model, ids, SNAPKV_HALF, "doc-g", 7, eos, RolloutSettings(6, 1), prefill=pre
-        )
+        settings = RolloutSettings(6, 1, prompt_attention="gathered")
+        rollout_document(model, ids, SNAPKV_HALF, "doc-g", 7, eos, settings, prefill=pre)
     finally:
         interface[attention.ATTENTION_NAME] = previous
     n, n_kv = len(ids), model.config.num_key_value_heads

@@ -8,6 +8,15 @@ evicted cache. A prompt part is one tensor for all the rows of its group, never 
 product, scores each row's own generated entries (:class:`RowCache`) separately, and merges the
 two exactly by their log-sum-exp. Fused kernels that return the log-sum-exp are used where one is
 validated for the device and dtype (:func:`_fused_kernel`), else the plain float32 path.
+
+Two layouts serve a document's prompt groups (``docs/architecture.md``, "Shared-prefix
+attention"): the gathered one scores each group's queries against its own gathered kept entries
+(a few rows against thousands of entries: bound by memory), and the masked one
+(:class:`PromptPass`) scores the queries of several groups of one document in ONE product
+against the document's full prompt cache, each group's evicted entries masked out per layer and
+KV head (ragged kept sets included), so the prompt is read once for all those rows at the
+matrix rate; the masked entries cost arithmetic, not memory. Both give each row the same
+softmax over its kept entries, to float rounding.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 __all__ = [
     "ATTENTION_NAME",
+    "PromptPass",
     "RowCache",
     "SharedPrefix",
     "attention_implementation",
@@ -33,6 +43,44 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ATTENTION_NAME = "kvdiverge_shared_prefix"
+
+
+@dataclass
+class PromptPass:
+    """Row groups of one document that attend to its full prompt cache in ONE masked product.
+
+    ``groups``: indices into :attr:`SharedPrefix.rows` (their entry of ``prompts`` is not read);
+    ``prompt[l] = (keys, values)``: the document's full cache of layer l, (H_kv, n, d);
+    ``masks[i]``: group ``groups[i]``'s kept entries, per layer a (H_kv, n) bool tensor (true:
+    kept), or ``None`` when it keeps every entry (the X rows, the full-retention control).
+    """
+
+    groups: list[int]
+    prompt: list[tuple[torch.Tensor, torch.Tensor]]
+    masks: list[list[torch.Tensor] | None]
+
+    def __post_init__(self) -> None:
+        # per group and layer: the additive mask (H_kv, n), 0 where kept and −inf elsewhere;
+        # whether some KV head keeps nothing (the fused kernels would give NaN there); and the
+        # entries each group keeps per layer and KV head, on average (arithmetic counts)
+        self.biases: list[list[torch.Tensor] | None] = []
+        self.empty_head = False
+        n = self.prompt[0][0].shape[-2]
+        self.kept = [
+            float(n)
+            if m is None
+            else float(sum(int(x.sum()) for x in m)) / sum(x.numel() // n for x in m)
+            for m in self.masks
+        ]
+        for mask in self.masks:
+            if mask is None:
+                self.biases.append(None)
+                continue
+            self.empty_head |= any(bool((~m).all(dim=-1).any()) for m in mask)
+            inf = float("-inf")
+            self.biases.append(
+                [torch.zeros(m.shape, device=m.device).masked_fill_(~m, inf) for m in mask]
+            )
 
 
 @dataclass
@@ -51,6 +99,16 @@ class SharedPrefix:
     rows: list[torch.Tensor]
     prompts: list[list[tuple[torch.Tensor, torch.Tensor]]]
     fused: bool = True  # use a validated fused attention kernel where one exists
+    passes: list[PromptPass] = field(default_factory=list)  # masked passes over full prompts
+
+    def kept_entries(self) -> list[float]:
+        """Per row group: the prompt entries its rows attend to per layer and KV head (their
+        mean for ragged or masked kept sets; a padded ragged part counts its width)."""
+        out = [float(prompt[0][0].shape[1]) for prompt in self.prompts]
+        for part in self.passes:
+            for g, kept in zip(part.groups, part.kept, strict=True):
+                out[g] = kept
+        return out
 
 
 class RowCache:
@@ -127,14 +185,23 @@ def _math_attention(
     """Softmax attention of (…, s, d) queries over (…, n, d) keys: (output, log-sum-exp).
 
     Scores, softmax and the weighted sum run in float32 whatever the model dtype (bf16 scores
-    would lose the precision SDPA keeps internally). ``bias`` (…, 1, n): added to the scores
-    (−inf masks a key out; a row with every key masked gives output 0 and log-sum-exp −inf).
+    would lose the precision SDPA keeps internally). ``bias`` (…, 1, n) or (…, s, n): added to
+    the scores (−inf masks a key out; a row with every key masked gives output 0 and log-sum-exp
+    −inf).
     """
     s, n = q.shape[-2], k.shape[-2]
     chunk = max(1, _MAX_SCORES // max(1, n * q[..., :1, :1].numel()))
-    if s > chunk:  # bound the transient score matrix: split the queries
+    if s > chunk:  # bound the transient score matrix: split the queries (and a per-query bias)
+        per_query = bias is not None and bias.shape[-2] == s > 1
         parts = [
-            _math_attention(q[..., i : i + chunk, :], k, v, scale, bias) for i in range(0, s, chunk)
+            _math_attention(
+                q[..., i : i + chunk, :],
+                k,
+                v,
+                scale,
+                bias[..., i : i + chunk, :] if per_query else bias,
+            )
+            for i in range(0, s, chunk)
         ]
         return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
     scores = torch.matmul(q.float() * scale, k.float().transpose(-1, -2))
@@ -193,8 +260,27 @@ def _cuda_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return out, lse[..., : q.shape[-2]]  # the log-sum-exp may be padded along the queries
 
 
+def _cpu_flash_masked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor
+) -> Any:
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=bias, scale=scale
+    )
+
+
+def _cuda_efficient_masked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor
+) -> Any:
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, 0.0, False, scale=scale
+    )[:2]
+    return out, lse[..., : q.shape[-2]]
+
+
 _FUSED: dict[tuple[str, torch.dtype, int], Any] = {}
 _FUSED_CANDIDATES = {"cpu": (_cpu_flash,), "cuda": (_cuda_flash, _cuda_efficient)}
+_FUSED_MASKED: dict[tuple[str, torch.dtype, int], Any] = {}
+_MASKED_CANDIDATES = {"cpu": (_cpu_flash_masked,), "cuda": (_cuda_efficient_masked,)}
 
 
 def _fused_kernel(q: torch.Tensor) -> Any:
@@ -216,15 +302,41 @@ def _fused_kernel(q: torch.Tensor) -> Any:
     return _FUSED[key]
 
 
-def _kernel_agrees(kernel: Any, dtype: torch.dtype, device: torch.device, d: int) -> bool:
+def _fused_masked_kernel(q: torch.Tensor) -> Any:
+    """The fused kernel with an additive mask for ``q``'s device type, dtype and head size, or
+    ``None`` (validated like :func:`_fused_kernel`, with a mask that drops about half the keys)."""
+    key = (q.device.type, q.dtype, q.shape[-1])
+    if key not in _FUSED_MASKED:
+        candidates = _MASKED_CANDIDATES.get(q.device.type, ())
+        _FUSED_MASKED[key] = next(
+            (
+                f
+                for f in candidates
+                if _kernel_agrees(f, q.dtype, q.device, q.shape[-1], masked=True)
+            ),
+            None,
+        )
+        if _FUSED_MASKED[key] is None and candidates:
+            log.info("no fused masked attention kernel for %s; using the plain path", key)
+    return _FUSED_MASKED[key]
+
+
+def _kernel_agrees(
+    kernel: Any, dtype: torch.dtype, device: torch.device, d: int, masked: bool = False
+) -> bool:
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn((2, 2, s, d), generator=gen).to(device, dtype) for s in (5, 37, 37))
     scale = d**-0.5
+    bias = None
+    if masked:  # about half the keys dropped, a different half per head and query
+        drop = torch.rand((2, 2, 5, 37), generator=gen) < 0.5
+        drop[..., 0] = False
+        bias = torch.zeros(drop.shape).masked_fill_(drop, float("-inf")).to(device, dtype)
     try:
-        out, lse = kernel(q, k, v, scale)
+        out, lse = kernel(q, k, v, scale) if bias is None else kernel(q, k, v, scale, bias)
     except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
         return False
-    ref_out, ref_lse = _math_attention(q, k, v, scale)
+    ref_out, ref_lse = _math_attention(q, k, v, scale, None if bias is None else bias.float())
     tol = 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
     return (
         tuple(out.shape) == tuple(ref_out.shape)
@@ -273,7 +385,13 @@ def shared_prefix_attention(
     o_own, lse_own = _attention_with_lse(q, key, value, scale, prefix.fused)
     o_pre = torch.empty_like(o_own)
     lse_pre = torch.empty_like(lse_own)
-    for rows, prompt in zip(prefix.rows, prefix.prompts, strict=True):
+    in_pass = set()
+    for part in prefix.passes:
+        in_pass.update(part.groups)
+        _masked_pass(part, prefix, module.layer_idx, q, o_pre, lse_pre, scale)
+    for g, (rows, prompt) in enumerate(zip(prefix.rows, prefix.prompts, strict=True)):
+        if g in in_pass:
+            continue
         pk, pv, *mask = prompt[module.layer_idx]
         n_rows = rows.numel()
         if n_rows == 0:  # every row of this group has ended
@@ -295,6 +413,61 @@ def shared_prefix_attention(
     weight = torch.sigmoid(diff)[:, :n_heads].reshape(batch, n_kv, groups, 1)
     out = o_own + weight * (o_pre - o_own)
     return out.reshape(batch, n_heads, 1, d).transpose(1, 2).to(query.dtype), None
+
+
+def _masked_pass(
+    part: PromptPass,
+    prefix: SharedPrefix,
+    layer: int,
+    q: torch.Tensor,
+    o_pre: torch.Tensor,
+    lse_pre: torch.Tensor,
+    scale: float,
+) -> None:
+    """The rows of ``part``'s groups against the full prompt of ``layer`` in one product, each
+    group's evicted entries masked out; their outputs and log-sum-exps into ``o_pre``/``lse_pre``.
+
+    ``q`` (B, H_kv, G, d): every batch row's queries, grouped-query heads folded. The additive
+    mask (H_kv, rows·G, n) is built from each group's (H_kv, n) mask (no mask when every group
+    keeps everything); a fused kernel that takes it runs where one is validated, else the plain
+    float32 path (always when a KV head of some group keeps nothing)."""
+    chosen = [(i, prefix.rows[g]) for i, g in enumerate(part.groups) if prefix.rows[g].numel()]
+    if not chosen:  # every row of these groups has ended
+        return
+    _, n_kv, groups, d = q.shape
+    rows = torch.cat([r for _, r in chosen])
+    n_rows = rows.numel()
+    pk, pv = part.prompt[layer]
+    qg = q.index_select(0, rows).transpose(0, 1).reshape(1, n_kv, n_rows * groups, d)
+    if all(part.biases[i] is None for i, _ in chosen):
+        o, lse = _attention_with_lse(qg, pk[None], pv[None], scale, prefix.fused)
+    else:
+        n = pk.shape[-2]
+        zero = pk.new_zeros((n_kv, 1, 1, n), dtype=torch.float32)
+        bias = torch.cat(
+            [
+                (zero if part.biases[i] is None else part.biases[i][layer][:, None, None]).expand(
+                    n_kv, r.numel(), groups, n
+                )
+                for i, r in chosen
+            ],
+            dim=1,
+        ).reshape(1, n_kv, n_rows * groups, n)
+        kernel = _fused_masked_kernel(qg) if prefix.fused and not part.empty_head else None
+        o = lse = None
+        if kernel is not None:
+            try:
+                o, lse = kernel(qg, pk[None], pv[None], scale, bias.to(qg.dtype))
+                o, lse = o.float(), lse.float()
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+                key = (qg.device.type, qg.dtype, d)
+                log.warning("fused masked attention %s failed (%s); using the plain path", key, exc)
+                _FUSED_MASKED[key] = None
+                o = lse = None
+        if o is None:
+            o, lse = _math_attention(qg, pk[None], pv[None], scale, bias)
+    o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
+    lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
 
 
 AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)

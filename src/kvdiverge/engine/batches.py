@@ -80,7 +80,7 @@ def _unit_row_steps(arrays: Sequence[Mapping[str, np.ndarray]], unit: _Unit) -> 
     own = [
         _running_row_steps(a)[1]
         for a, act in zip(arrays, unit.interventions, strict=True)
-        if act.prefix is not None
+        if act.evicting
     ]
     return _running_row_steps(arrays[0])[0] + sum(own)
 

@@ -19,6 +19,7 @@ from kvdiverge.engine.rows import (
     _Unit,
 )
 from kvdiverge.engine.settings import (
+    MASKED_MIN_FRACTION,
     DocumentRollout,
     RolloutSettings,
     _check_model,
@@ -39,6 +40,7 @@ from kvdiverge.theory.coupling import (
 
 __all__ = [
     "gather_prefix",
+    "kept_mask",
     "mean_kept",
     "reference_groups",
     "rollout_document",
@@ -63,6 +65,19 @@ def gather_prefix(prefill: Prefill, kept: torch.Tensor) -> list[tuple[torch.Tens
         part: tuple[torch.Tensor, ...] = (keys.gather(1, index), values.gather(1, index))
         out.append(part if bool(valid.all()) else (*part, valid))
     return out
+
+
+def kept_mask(prefill: Prefill, kept: torch.Tensor) -> list[torch.Tensor] | None:
+    """Each layer's kept entries as a (H_kv, n) bool mask over the full prompt (ragged kept sets'
+    −1 padding ignored); ``None`` when every layer and KV head keeps every entry."""
+    n = prefill.n
+    masks = []
+    for layer in range(kept.shape[0]):
+        positions = kept[layer]
+        mask = torch.zeros((positions.shape[0], n + 1), dtype=torch.bool, device=positions.device)
+        mask.scatter_(1, torch.where(positions >= 0, positions, n), True)  # padding → column n
+        masks.append(mask[:, :n])
+    return None if all(bool(m.all()) for m in masks) else masks
 
 
 def mean_kept(kept: torch.Tensor) -> int:
@@ -160,10 +175,19 @@ class _Document:
         for a in self.specs:
             start = _clock(device)
             self.kept[a.name] = select_positions(prefill, a)
-            identity = settings.identity_shortcut and mean_kept(self.kept[a.name]) == prefill.n
-            self.interventions.append(
-                _Intervention(None if identity else gather_prefix(prefill, self.kept[a.name]))
-            )
+            kept = self.kept[a.name]
+            identity = settings.identity_shortcut and mean_kept(kept) == prefill.n
+            layout = settings.prompt_attention
+            if layout == "auto":  # by the kept fraction (benchmarks/README.md, "layouts")
+                layout = (
+                    "masked" if mean_kept(kept) >= MASKED_MIN_FRACTION * prefill.n else "gathered"
+                )
+            if identity:
+                self.interventions.append(_Intervention(None))
+            elif layout == "masked":
+                self.interventions.append(_Intervention(None, True, kept_mask(prefill, kept)))
+            else:
+                self.interventions.append(_Intervention(gather_prefix(prefill, kept)))
             self.selection_seconds[a.name] = _clock(device) - start
 
     def release(self) -> None:
@@ -183,7 +207,7 @@ class _Document:
         members = self.groups[group][2]
         if self.interventions is None:
             return 1 + 2 * len(members)
-        return 1 + 2 * sum(self.interventions[i].prefix is not None for i in members)
+        return 1 + 2 * sum(self.interventions[i].evicting for i in members)
 
     def results(
         self, parts: Sequence[Sequence[list[dict[str, np.ndarray]]]], seconds: Sequence[float]
@@ -206,11 +230,11 @@ class _Document:
             # row-steps the group's model calls ran: X's (shared), each member's Y and Z rows
             x_rows = _running_row_steps(merged_parts[0])[0]
             own = [
-                0 if self.interventions[i].prefix is None else _running_row_steps(merged)[1]
+                _running_row_steps(merged)[1] if self.interventions[i].evicting else 0
                 for i, merged in zip(members, merged_parts, strict=True)
             ]
             group_rows = x_rows + sum(own)
-            per_replicate = 1 + 2 * sum(self.interventions[i].prefix is not None for i in members)
+            per_replicate = 1 + 2 * sum(self.interventions[i].evicting for i in members)
             fitted = max(len(p[0]["x_token"]) for p in group_parts)
             for j, i in enumerate(members):
                 merged = merged_parts[j]

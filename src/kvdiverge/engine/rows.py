@@ -58,6 +58,7 @@ import torch
 
 from kvdiverge.engine.attention import (
     ATTENTION_NAME,
+    PromptPass,
     RowCache,
     SharedPrefix,
     attention_implementation,
@@ -83,9 +84,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Intervention:
-    """One action's evicted prompt part in a decoding chunk (``None``: Q is P, no rows run)."""
+    """One action's evicted prompt in a decoding chunk: its gathered part (``prefix``), or with
+    ``masked`` its kept entries as a mask over the full prompt (per layer (H_kv, n) bool; ``mask``
+    ``None``: every entry kept), attended to in the document's masked pass
+    (:class:`kvdiverge.engine.attention.PromptPass`). Neither (``prefix`` ``None``, not
+    ``masked``): Q is P, no rows run (the identity shortcut)."""
 
     prefix: list[tuple[torch.Tensor, ...]] | None
+    masked: bool = False
+    mask: list[torch.Tensor] | None = None
+
+    @property
+    def evicting(self) -> bool:
+        """Whether the action runs rows of its own (Y and Z)."""
+        return self.prefix is not None or self.masked
 
 
 @dataclass
@@ -110,7 +122,7 @@ class _Unit:
 
     @property
     def n_evicting(self) -> int:
-        return sum(act.prefix is not None for act in self.interventions)
+        return sum(act.evicting for act in self.interventions)
 
     @property
     def rows(self) -> int:
@@ -171,9 +183,11 @@ class _RowBatch:
         ks: Sequence[int],
         cache: RowCache,
         fused: bool,
+        passes: Sequence[PromptPass] = (),
     ) -> None:
         device = cache.keys[0].device
         self.cache, self.fused, self.ks = cache, fused, list(ks)
+        self.passes = list(passes)
         self.flat_prompts = [part for unit in prompts for part in unit]
         self.n_streams = [2 * len(unit) - 1 for unit in prompts]
         self.reps = [torch.arange(k, device=device) for k in ks]
@@ -217,7 +231,7 @@ class _RowBatch:
         # X → the unit's prompt 0; Y and Z of evicted[j] → its prompt 1 + j
         group_key = self._group_base[self.unit] + (self.stream + 1) // 2
         rows = self._split(group_key, len(self.flat_prompts))
-        self.shared = SharedPrefix(rows, self.flat_prompts, self.fused)
+        self.shared = SharedPrefix(rows, self.flat_prompts, self.fused, self.passes)
 
     def by_replicate(
         self, values: torch.Tensor, unit: int, code: int, base: torch.Tensor | None = None
@@ -278,7 +292,7 @@ class _UnitRun:
     def __init__(self, unit: _Unit, settings: RolloutSettings, device: torch.device) -> None:
         H, k = settings.H, len(unit.replicates)
         self.keep_logits = settings.keep_logits
-        self.evicted = [i for i, act in enumerate(unit.interventions) if act.prefix is not None]
+        self.evicted = [i for i, act in enumerate(unit.interventions) if act.evicting]
         self.y_stream = {i: _RowBatch.y(j) for j, i in enumerate(self.evicted)}
         n_actions = len(unit.interventions)
         self.out = [
@@ -396,7 +410,7 @@ def _rollout_units(
     prompts of different lengths decode at their own positions. Before its split a replicate's Z
     is Y itself (the same cache, the same tokens), so Q on X's history is Y's Q, bit for bit,
     and no row runs for it; at the split the Z row starts from a copy of the Y row's generated
-    entries. An intervention with ``prefix=None`` (the identity shortcut) has Q := P itself
+    entries. An intervention with neither prefix nor mask (the identity shortcut) has Q := P itself
     (δ ≡ f ≡ 0, Y ≡ X) and runs no rows. The coupling of each unit uses its own uniforms, keyed
     by its document, so a unit's tokens do not depend on the other units of the batch.
 
@@ -421,12 +435,9 @@ def _rollout_units(
         device,
     )
     runs = [_UnitRun(unit, settings, device) for unit in units]
-    prompts = [
-        [unit.prefix_full] + [list(unit.interventions[i].prefix) for i in run.evicted]
-        for unit, run in zip(units, runs, strict=True)
-    ]
+    prompts, passes = _prompt_groups(units, runs, settings.prompt_attention != "gathered")
     batch = _RowBatch(
-        prompts, [len(unit.replicates) for unit in units], cache, settings.fused_attention
+        prompts, [len(unit.replicates) for unit in units], cache, settings.fused_attention, passes
     )
     eos = torch.tensor(sorted({int(e) for e in eos_ids}), device=device)
     firsts = torch.stack([unit.prefill.last_logits.float().reshape(-1) for unit in units])
@@ -464,6 +475,27 @@ def _rollout_units(
             position = lengths[0] + t - 1 if same_length else prompt_n[batch.unit] + (t - 1)
             logits = decode_step(model, tokens, position, cache, batch.shared)
     return [run.arrays() for run in runs]
+
+
+def _prompt_groups(
+    units: Sequence[_Unit], runs: Sequence[_UnitRun], masked_pass: bool
+) -> tuple[list[list[list[tuple[torch.Tensor, ...]]]], list[PromptPass]]:
+    """Per unit, the prompt part of each row group (X's full prompt, then each evicting
+    intervention's), and the masked passes: with ``masked_pass`` one per unit, over its full
+    prompt, holding its X group and its masked interventions' groups (whose entry of the prompt
+    parts is then the full prompt, not read)."""
+    prompts, passes, base = [], [], 0
+    for unit, run in zip(units, runs, strict=True):
+        acts = [unit.interventions[i] for i in run.evicted]
+        full = unit.prefix_full
+        prompts.append([full] + [full if act.masked else list(act.prefix) for act in acts])
+        if masked_pass:
+            chosen = [j for j, act in enumerate(acts) if act.masked]
+            groups = [base] + [base + 1 + j for j in chosen]
+            masks = [None] + [acts[j].mask for j in chosen]
+            passes.append(PromptPass(groups, full, masks))
+        base += 1 + len(acts)
+    return prompts, passes
 
 
 @torch.inference_mode()

@@ -18,6 +18,8 @@ from kvdiverge.theory.coupling import (
 __all__ = [
     "COUPLING_MODES",
     "DocumentRollout",
+    "MASKED_MIN_FRACTION",
+    "PROMPT_LAYOUTS",
     "RolloutSettings",
     "model_device",
 ]
@@ -26,6 +28,11 @@ log = logging.getLogger(__name__)
 
 
 COUPLING_MODES = ("shared-reference", "independent")
+PROMPT_LAYOUTS = ("auto", "gathered", "masked")
+# ``prompt_attention="auto"``: an action keeping at least this fraction of the prompt (mean over
+# layers and KV heads) joins its document's masked pass over the full prompt; one keeping less
+# attends to its gathered entries (measured: benchmarks/README.md, "Prompt attention layouts")
+MASKED_MIN_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,12 @@ class RolloutSettings:
     its own (benchmarks only: the control then cannot fail); ``drop_ended``: rows whose
     stream has ended leave the batch; ``fused_attention``: use a validated fused attention
     kernel where one exists; ``temperature``: the kernels are softmax(logits / T), T = 0 the
-    point mass on the argmax (greedy; ties to the smallest id), T = 1 (default) the model's own.
+    point mass on the argmax (greedy; ties to the smallest id), T = 1 (default) the model's own;
+    ``prompt_attention``: how the rows attend to the prompt — ``gathered`` (each action's rows
+    against its own gathered kept entries), ``masked`` (all rows of a document in one product
+    against its full prompt, each action's evicted entries masked out) or ``auto`` (masked for
+    the actions keeping at least :data:`MASKED_MIN_FRACTION` of the prompt, gathered for the
+    others); every layout gives the same laws to float rounding.
     """
 
     H: int
@@ -52,11 +64,17 @@ class RolloutSettings:
     drop_ended: bool = True
     fused_attention: bool = True
     temperature: float = 1.0
+    prompt_attention: str = "auto"
 
     def __post_init__(self) -> None:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < float("inf"):
             raise ValueError(f"temperature: expected a finite number >= 0 (0: greedy), got {t!r}")
+        if self.prompt_attention not in PROMPT_LAYOUTS:
+            raise ValueError(
+                f"prompt_attention: expected one of {', '.join(PROMPT_LAYOUTS)}, "
+                f"got {self.prompt_attention!r}"
+            )
         if self.coupling not in COUPLING_MODES:
             raise ValueError(
                 f"coupling: expected one of {', '.join(COUPLING_MODES)}, got {self.coupling!r}"
