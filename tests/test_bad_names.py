@@ -231,3 +231,12 @@ def test_templating_is_told_from_the_top_level_keys_without_evaluating(tmp_path)
     with pytest.raises(ConfigError) as info:
         check_config(tiny(), SCHEMA, files=[off])
     assert one_line(info).startswith(f"{off}: __use_yte__: YTE templating is refused")
+
+
+def test_no_rule_builds_a_constraint_from_raw_names():
+    """Every constraint from names goes through wildcard_alternation (the x+lora bug)."""
+    files = sorted((ROOT / "workflow").rglob("*.smk")) + [ROOT / "Snakefile"]
+    raw = [f.name for f in files if re.search(r"""["']\|["']\s*\.join""", f.read_text())]
+    assert raw == []
+    used = sum(f.read_text().count("wildcard_alternation(") for f in files)
+    assert used >= 15
