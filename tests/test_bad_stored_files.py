@@ -465,3 +465,31 @@ def test_a_read_only_output_folder_stops_the_run_before_its_first_job(read_only_
     assert res.returncode != 0 and expected in text.splitlines()
     assert "Traceback" not in text
     assert [p.name for p in read_only_folder.iterdir()] == ["kept.txt"]  # nothing written
+
+
+def test_the_table_digest_is_of_the_decoded_values():
+    """Equal tables give one digest however they are chunked; any change of a value, a null,
+    a list's length or a type gives another."""
+    from kvdiverge.io.parquet import frame_digest
+
+    base = pl.DataFrame(
+        {
+            "s": ["a", "", None],
+            "n": [1, 2, 3],
+            "l": [[1.0], [], [2.0, 3.0]],
+            "b": [True, False, True],
+        }
+    )
+    chunked = pl.concat([base.head(1), base.tail(2)], rechunk=False)
+    assert chunked.n_chunks() == 2 and frame_digest(chunked) == frame_digest(base)
+    changes = [
+        base.with_columns(s=pl.Series(["a", None, None])),  # empty string -> null
+        base.with_columns(s=pl.Series(["a", "", ""])),  # null -> empty string
+        base.with_columns(n=pl.Series([1, 2, 4])),
+        base.with_columns(n=pl.col("n").cast(pl.Int32)),
+        base.with_columns(l=pl.Series([[1.0], [2.0], [3.0]])),  # same items, other lengths
+        base.with_columns(b=pl.Series([True, True, True])),
+        base.rename({"b": "c"}),
+    ]
+    digests = {frame_digest(f) for f in changes}
+    assert len(digests) == len(changes) and frame_digest(base) not in digests

@@ -117,7 +117,7 @@ def _feed(digest: Any, series: pl.Series) -> None:
     elif dtype == pl.String:
         filled = series.fill_null("")
         digest.update(filled.str.len_bytes().cast(pl.Int64).to_numpy().tobytes())
-        digest.update("".join(filled.to_list()).encode())
+        digest.update((filled.str.join("").item() if len(filled) else "").encode())
     elif dtype == pl.Boolean:
         digest.update(series.fill_null(False).to_numpy().tobytes())
     elif dtype.is_numeric():
