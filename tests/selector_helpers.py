@@ -212,3 +212,25 @@ class BadAlwaysKept(ScoredSelector):
     def score(self, prefill, action, layer):
         n_kv, n = prefill.keys[layer].shape[:2]
         return torch.zeros(n_kv, n)
+
+
+@dataclass(frozen=True)
+class ZeroKeep(Selector):
+    """Keeps no entry (its own n_keep)."""
+
+    def n_keep(self, action, n):
+        return 0
+
+    def positions(self, prefill, action, n_keep):
+        return _first(prefill, n_keep)
+
+
+@dataclass(frozen=True)
+class CheckRaises(Selector):
+    """A bug in the user's check, met when the config's strata are checked."""
+
+    def check(self, action, n, n_keep):
+        raise RuntimeError(f"cannot act on {n} tokens")
+
+    def positions(self, prefill, action, n_keep):
+        return _first(prefill, n_keep)

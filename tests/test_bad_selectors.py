@@ -273,3 +273,30 @@ def test_kvdiverge_compare_exits_2_with_the_line_and_writes_nothing(tmp_path, ca
         "more than once at layer 0, KV head 0; expected distinct positions, exactly "
     ), err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_selector_n_keep_below_one_is_one_line(model, ids):
+    spec = action("ZeroKeep")
+    with pytest.raises(ActionError) as info:
+        select_positions(run_prefill(model, ids), spec)
+    assert one_line(info) == (
+        f"{where('ZeroKeep')}: n_keep returned 0 for a {N}-token prompt; expected an integer >= 1"
+    )
+
+
+def test_user_code_failing_at_parse_time_is_one_config_line():
+    """The config's budget check runs the selector's own check against every stratum."""
+    import yaml
+
+    from kvdiverge.config import ConfigError, check_config
+
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    cfg["actions"]["mine"] = {"selector": "selector_helpers:CheckRaises", "budget": 0.5}
+    cfg["studies"]["study1"]["actions"].append("mine")
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg, ROOT / "workflow" / "schemas" / "config.schema.yaml")
+    assert one_line(info) == (
+        "config.actions.mine: in stratum helmet-1024 (prompts of at most 992 tokens: "
+        "target_tokens 1024 - generation_reserve 32): selector 'selector_helpers:CheckRaises': "
+        "check raised RuntimeError: cannot act on 992 tokens"
+    )

@@ -55,7 +55,7 @@ T = TypeVar("T")
 
 def selector_label(action: ActionSpec) -> str:
     """``selector 'snapkv'``, ``selector 'pkg.mod:Class'``, ``selector 'kvpress' (KnormPress)``."""
-    press = getattr(action.method, "press", None)
+    press = getattr(getattr(action, "method", None), "press", None)
     extra = f" ({press})" if action.selector == "kvpress" and isinstance(press, str) else ""
     return f"selector {action.selector!r}{extra}"
 
@@ -89,7 +89,7 @@ def user_call(action: ActionSpec, method: str, fn: Callable[..., T], *args: Any)
 def checked_n_keep(action: ActionSpec, n: int) -> int:
     """The action's ``n_keep`` for an n-token prompt (the selector's :meth:`Selector.n_keep`),
     checked to be an integer >= 1."""
-    n_keep = user_call(action, "n_keep", action.n_keep, n)
+    n_keep = user_call(action, "n_keep", action.method.n_keep, action, n)
     if isinstance(n_keep, bool) or not isinstance(n_keep, numbers.Integral) or n_keep < 1:
         raise ActionError(
             f"{_where(action)}: n_keep returned {n_keep!r} for a {n}-token prompt; expected an "

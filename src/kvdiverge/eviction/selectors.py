@@ -16,7 +16,7 @@ if typing.TYPE_CHECKING:  # torch is imported where it runs: parsing a config do
     import torch
 
 from kvdiverge.eviction.budgets import ActionError, _budget_value, budget_tokens
-from kvdiverge.eviction.contract import check_scores, selector_label, user_call
+from kvdiverge.eviction.contract import check_scores, checked_n_keep, selector_label, user_call
 
 if typing.TYPE_CHECKING:
     from kvdiverge.eviction.prefill import LayerInputs, Prefill
@@ -306,8 +306,9 @@ class ActionSpec:
         return {"name": self.name, "selector": self.selector, "budget": self.budget, **self.params}
 
     def n_keep(self, n: int) -> int:
-        """Entries kept per layer and KV head for a prompt of n tokens."""
-        return self.method.n_keep(self, n)
+        """Entries kept per layer and KV head for a prompt of n tokens (the selector's
+        :meth:`Selector.n_keep`, checked to be an integer >= 1)."""
+        return checked_n_keep(self, n)
 
 
 def parse_action(spec: Mapping[str, Any], name: str | None = None) -> ActionSpec:
@@ -348,5 +349,8 @@ def keeps_everything(action: Any) -> bool:
 def check_action(action: Any, n: int, n_keep: int) -> None:
     """The action's selector's own check of an n-token prompt keeping n_keep < n entries
     (:class:`kvdiverge.eviction.ActionError` when it cannot act on it)."""
-    method = getattr(action, "method", None) or SELECTORS[action.selector]
-    method.check(action, n, n_keep)
+    method = getattr(action, "method", None)
+    if method is None:
+        SELECTORS[action.selector].check(action, n, n_keep)
+    else:
+        user_call(action, "check", method.check, action, n, n_keep)
