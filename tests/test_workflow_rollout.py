@@ -146,7 +146,7 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
     # no SnapKV action (the rollout fingerprint names the job's selectors; docs/architecture.md,
     # "Reruns").
     assert planned_jobs(_snakemake(work, "-n", *paths.values(), *run)) == {}
-    eviction = work / "pkg" / "kvdiverge" / "eviction.py"
+    eviction = work / "pkg" / "kvdiverge" / "eviction" / "builtin.py"
     original = eviction.read_text()
     head = "class SnapKVSelector(ScoredSelector):\n"
     assert original.count(head) == 1

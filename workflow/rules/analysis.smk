@@ -23,6 +23,9 @@ rule document_stats:
         model=wildcard_alternation(config["models"], "no-model"),
     conda:
         "../../envs/analysis.yaml"
+    resources:
+        mem_mb=32000,  # at the scale of configs/paper.yaml, as for estimands below
+        runtime=60,
     params:
         development=lambda w: rollout_groups(w.study)[first_group(w.study)],
         control=lambda w: config["studies"][w.study]["control"],
@@ -63,6 +66,9 @@ rule estimands:
         study=wildcard_alternation(config["studies"], "no-study"),
     conda:
         "../../envs/analysis.yaml"
+    resources:
+        mem_mb=16000,
+        runtime=120,
     params:
         study=lambda w: config["studies"][w.study],
         cohort=lambda w: config["studies"][w.study].get("cohort", w.study),

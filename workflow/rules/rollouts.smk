@@ -34,21 +34,11 @@ for study in config["studies"]:
             "../../envs/rollout.yaml"
         threads: 1
         resources:
-            gpu=rollout_gpus(),
-            mem_mb=16000,
-            runtime=240,
+            **rollout_resources(),
         params:
-            model=rollout_model,
-            actions=rollout_actions(study, first_group(study)),
-            cohorts=dev_rollout_cohorts(study),
-            H=config["rollout"]["H"],
-            seed=config["seed"],
-            coupling=dev_rollout_coupling(),
-            max_batch_rows=config["rollout"]["max_batch_rows"],
-            device=config["rollout"]["device"],
-            code=rollout_code(study, "dev_rollout.py"),
+            **rollout_params(study, first_group(study), "dev"),
         script:
-            "../scripts/dev_rollout.py"
+            f"../scripts/{rollout_script('dev')}"
 
     for group in rollout_groups(study):
 
@@ -74,17 +64,8 @@ for study in config["studies"]:
                 "../../envs/rollout.yaml"
             threads: 1
             resources:
-                gpu=rollout_gpus(),
-                mem_mb=16000,
-                runtime=240,
+                **rollout_resources(),
             params:
-                model=rollout_model,
-                actions=rollout_actions(study, group),
-                H=config["rollout"]["H"],
-                seed=config["seed"],
-                coupling=config["rollout"]["coupling"],
-                max_batch_rows=config["rollout"]["max_batch_rows"],
-                device=config["rollout"]["device"],
-                code=rollout_code(study, rollout_script(), group),
+                **rollout_params(study, group, "evaluation"),
             script:
-                f"../scripts/{rollout_script()}"
+                f"../scripts/{rollout_script('evaluation')}"

@@ -3,12 +3,66 @@
 from kvdiverge.pipeline.provenance import script_fingerprint
 
 
-def rollout_gpus():
-    """`gpu` resource of a rollout job: 1 when it will run on a GPU, else 0 (CPU jobs then run
-    side by side under the local profile's GPU limit; the SLURM profile sets its own)."""
+def rollout_on_gpu():
+    """Whether a rollout job runs on a GPU: `rollout.device: cuda`, or `auto` where this machine
+    has one (kvdiverge.pipeline.hardware) or the jobs go to a cluster: a non-local executor
+    (`--executor slurm`), or a dry run of one (Snakemake runs a dry run with its own executor
+    but forces threads for a remote one). Known only once the jobs are planned, not at parse
+    time: the resources below ask it then."""
     from kvdiverge.pipeline.hardware import gpu_expected
 
-    return int(gpu_expected(config["rollout"]["device"]))
+    device = config["rollout"]["device"]
+    if device != "auto":
+        return device == "cuda"
+    cluster = workflow.non_local_exec or (workflow.dryrun and workflow.use_threads)
+    return cluster or gpu_expected(device)
+
+
+def rollout_resources():
+    """The resources of a rollout job from `rollout.resources` (docs/running.md, "Running on a
+    SLURM cluster"): its memory and runtime, and on a GPU its GPUs (`gpu`, which the local
+    profile limits), GPU model, CPUs per GPU and partition. A job on CPU asks for no GPU (CPU
+    jobs then run side by side locally) and runs in the profile's default partition."""
+    spec = config["rollout"]["resources"]
+    resources = {"mem_mb": spec["mem_mb"], "runtime": spec["runtime"]}
+    if config["rollout"]["device"] == "cpu":
+        return {"gpu": 0, **resources}
+
+    def on_gpu(value, otherwise=None):
+        return lambda wildcards: value if rollout_on_gpu() else otherwise
+
+    on_a_gpu = {
+        "gpu_model": spec["gpu_model"],
+        "cpus_per_gpu": spec["cpus_per_gpu"],
+        "slurm_partition": spec["partition"],
+    }
+    resources["gpu"] = on_gpu(spec["gpus"], 0)
+    for key, value in on_a_gpu.items():
+        if value is not None:
+            resources[key] = on_gpu(value)
+    return resources
+
+
+def rollout_params(study, group, stage):
+    """Every param of a rollout job, spelled once for both stages (workflow/scripts/rollout.py;
+    swrb_rollout.py for an evaluation under `rollout.coupling: swrb`): the stage (`dev`, or
+    `evaluation` under the group's lock, which fixes the replicates and the seed), the model,
+    the group's actions, H, the seed, the coupling, rows per model call, the device, the code
+    fingerprint; and the development replicates for `dev`."""
+    params = {
+        "stage": stage,
+        "model": rollout_model,
+        "actions": rollout_actions(study, group),
+        "H": config["rollout"]["H"],
+        "seed": config["seed"],
+        "coupling": dev_rollout_coupling() if stage == "dev" else config["rollout"]["coupling"],
+        "max_batch_rows": config["rollout"]["max_batch_rows"],
+        "device": config["rollout"]["device"],
+        "code": rollout_code(study, rollout_script(stage), group),
+    }
+    if stage == "dev":
+        params["cohorts"] = dev_rollout_cohorts(study)
+    return params
 
 
 def rollout_model(wildcards):
@@ -88,10 +142,11 @@ def dev_rollout_trajectories(study):
     }
 
 
-def rollout_script():
-    """The evaluation rollout job's script: swrb_rollout.py under `rollout.coupling: swrb`
-    (kvdiverge.engine.swrb_job), else rollout.py (kvdiverge.engine.rollout_job)."""
-    return "swrb_rollout.py" if config["rollout"]["coupling"] == "swrb" else "rollout.py"
+def rollout_script(stage):
+    """A rollout job's script: rollout.py (kvdiverge.engine.rollout_job), for both stages, but
+    swrb_rollout.py for an evaluation under `rollout.coupling: swrb` (kvdiverge.engine.swrb_job)."""
+    swrb = stage == "evaluation" and config["rollout"]["coupling"] == "swrb"
+    return "swrb_rollout.py" if swrb else "rollout.py"
 
 
 def dev_rollout_coupling():
