@@ -16,7 +16,7 @@ import pytest
 
 from kvdiverge.cli import main
 from kvdiverge.compare import CompareError, parse_actions, planned_files
-from kvdiverge.compare.actions import path_name
+from kvdiverge.compare.actions import path_name, split_items
 from kvdiverge.compare.folder import MANIFEST, default_out
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,3 +209,25 @@ def test_the_default_folder_is_fresh_per_run(workdir, capsys):
     assert len(runs) == 2 and runs[0] != runs[1], runs
     for run in runs:
         assert "trajectories/recent@0.5.parquet" in _files(workdir / run)
+
+
+def test_parameter_values_may_be_mappings_and_a_misspelt_press_gets_a_suggestion():
+    pytest.importorskip("kvpress")
+    text = 'k=kvpress@0.5+press=StreamingLLMPress+press_kwargs={"n_sink": 8},full'
+    k, full = parse_actions(text)
+    assert k.label == "k" and k.action.params["press_kwargs"] == {"n_sink": 8}
+    assert split_items("a+b={x: [1, 2], y: '3,4'},c") == ["a+b={x: [1, 2], y: '3,4'}", "c"]
+    assert full.label == "full"
+    with pytest.raises(CompareError) as err:
+        parse_actions("kvpress@0.5+press=KnormPres")
+    assert str(err.value).endswith("got 'KnormPres'; did you mean 'KnormPress'?")
+
+
+def test_parsed_actions_are_taken_as_they_are():
+    from kvdiverge.eviction import parse_action
+
+    mine = parse_action({"selector": "recent", "budget": 0.5, "sinks": 2}, name="mine")
+    (only,) = parse_actions([mine])
+    assert only.label == "mine" and only.action is mine
+    with pytest.raises(CompareError, match="expected action texts or ActionSpec objects, got 3"):
+        parse_actions([mine, 3])

@@ -24,7 +24,8 @@ __all__ = ["main"]
 _ACTIONS_HELP = (
     "comma-separated actions, each [LABEL=]SELECTOR[@BUDGET][+KEY=VALUE]...: e.g. "
     "snapkv@0.5,recent@0.5 or mine=my_methods:SinkStride@0.5, snapkv@512+window=16, full, "
-    "kvpress@0.5+press=KnormPress (budget: a fraction in (0, 1] or a token count; the label, "
+    "kvpress@0.5+press=KnormPress+press_kwargs={n_sink: 8} (budget: a fraction in (0, 1] or a "
+    "token count; a value may be a YAML mapping or list; the label, "
     "else the text itself, names the action in tables, figures and file names; a "
     "module:Class selector imports from the current folder too)"
 )

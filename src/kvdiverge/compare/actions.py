@@ -11,6 +11,7 @@ label or parameter value (``+tag=/../../x``) reaches a path unescaped.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sys
@@ -32,6 +33,7 @@ __all__ = [
     "parse_actions",
     "parse_budgets",
     "path_name",
+    "split_items",
     "sweep_budgets",
     "with_baseline",
 ]
@@ -104,7 +106,7 @@ def _split_label(item: str, option: str) -> tuple[str, str]:
 
 
 def _parse_spec(label: str, spec: str, option: str) -> ActionSpec:
-    head, *params = spec.split("+")
+    head, *params = _split_plus(spec)
     selector, at, budget = head.partition("@")
     entry: dict[str, Any] = {"selector": selector}
     if at:
@@ -121,11 +123,60 @@ def _parse_spec(label: str, spec: str, option: str) -> ActionSpec:
         if "cannot import module" in str(exc):
             where = "the current folder, " if os.getcwd() in sys.path else ""
             hint = f" (looked in {where}PYTHONPATH and the installed packages)"
+        elif ".press: " in str(exc) and isinstance(entry.get("press"), str):
+            hint = _press_suggestion(entry["press"])
         raise CompareError(f"{option}: {exc}{hint}") from None
 
 
+def _split_outside(text: str, sep: str) -> list[str]:
+    """``text`` split at each ``sep`` outside brackets, braces and quotes."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(0, depth - 1)
+        elif ch == sep and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
+
+
+def _split_plus(spec: str) -> list[str]:
+    """``spec`` split at the ``+`` outside brackets, braces and quotes."""
+    return _split_outside(spec, "+")
+
+
+def split_items(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets, braces and quotes, so that a parameter
+    value may be a YAML mapping or list: ``kvpress@0.5+press=X+press_kwargs={a: 1, b: 2},full``
+    is two items."""
+    return [t.strip() for t in _split_outside(text, ",")]
+
+
+def _press_suggestion(press: str) -> str:
+    """``; did you mean 'KnormPress'?`` for a misspelt kvpress press (empty when none is close
+    or kvpress is not installed)."""
+    import difflib
+
+    try:
+        import kvpress
+    except ImportError:
+        return ""
+    names = [
+        n for n in dir(kvpress) if n.endswith("Press") and isinstance(getattr(kvpress, n), type)
+    ]
+    close = difflib.get_close_matches(press, names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _items(text: str | Sequence[str], option: str) -> list[str]:
-    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    items = split_items(text) if isinstance(text, str) else list(text)
     if not items or any(not isinstance(t, str) or not t.strip() for t in items):
         raise CompareError(f"{option}: expected comma-separated actions, got {text!r}")
     return [t.strip() for t in items]
@@ -148,13 +199,28 @@ def _check_labels(labelled: Sequence[LabelledAction], option: str) -> None:
         files[key] = a.label
 
 
-def parse_actions(text: str | Sequence[str], option: str = "--actions") -> list[LabelledAction]:
-    """Labelled actions from ``a,b,c`` (or a list of items; module docstring), each checked by
+def parse_actions(
+    text: str | Sequence[str | ActionSpec], option: str = "--actions"
+) -> list[LabelledAction]:
+    """Labelled actions from ``a,b,c`` (or a list of items, or of parsed
+    :class:`~kvdiverge.eviction.ActionSpec` objects, named by their ``name``; module
+    docstring), each checked by
     :func:`kvdiverge.eviction.parse_action`; one-line :class:`CompareError` naming ``option``
     and the item. Labels are unique, also as file names on a case-insensitive file system."""
     out = []
-    for item in _items(text, option):
-        label, spec = _split_label(item, option)
+    if not isinstance(text, str) and any(isinstance(t, ActionSpec) for t in text):
+        items = list(text)  # parsed actions (e.g. an ActionSpec holding a selector instance)
+    else:
+        items = _items(text, option)
+    for item in items:
+        if isinstance(item, ActionSpec):
+            out.append(LabelledAction(item.name, item.name, item))
+            continue
+        if not isinstance(item, str) or not item.strip():
+            raise CompareError(
+                f"{option}: expected action texts or ActionSpec objects, got {item!r}"
+            )
+        label, spec = _split_label(item.strip(), option)
         out.append(LabelledAction(label, spec, _parse_spec(label, spec, option)))
     _check_labels(out, option)
     return out
@@ -233,13 +299,18 @@ def sweep_budgets(
         if a.label == keep or a.action.keeps_everything or a.action.budget is None:
             out.append(a)
             continue
-        head, *params = a.spec.split("+")
+        head, *params = _split_plus(a.spec)
         selector = head.partition("@")[0]
         method = a.label if a.label != a.spec else "+".join([selector, *params])
         for b in budgets:
             spec = "+".join([f"{selector}@{b}", *params])
             label = f"{a.label}@{b}" if a.label != a.spec else spec
-            out.append(LabelledAction(label, spec, _parse_spec(label, spec, "--budgets")))
+            action = dataclasses.replace(a.action, name=label, budget=b)
+            try:
+                action.method.validate(action, f"actions.{label}")
+            except ActionError as exc:
+                raise CompareError(f"--budgets: {exc}") from None
+            out.append(LabelledAction(label, spec, action))
             sweep[label] = (method, b)
     _check_labels(out, "--budgets")
     return out, sweep
