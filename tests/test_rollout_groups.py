@@ -311,7 +311,7 @@ def test_the_lock_rules_reach_no_method_code():
     from kvdiverge.pipeline.provenance import imported_modules
 
     scripts = ROOT / "workflow" / "scripts"
-    for script in ("plan_sample_sizes.py", "prespecify.py", "prespecify_group.py"):
+    for script in ("plan_sample_sizes.py", "prespecify.py"):
         reached = imported_modules([scripts / script])
         assert "kvdiverge.analysis.prespecification" in reached or script.startswith("plan")
         assert not {

@@ -159,6 +159,7 @@ rule prespecify:
     conda:
         "../../envs/analysis.yaml"
     params:
+        lock="study",
         prespecified=prespecified_study,
         endpoint_script=(
             "swrb_estimands.py" if config["rollout"]["coupling"] == "swrb" else "estimands.py"
@@ -183,7 +184,8 @@ rule prespecify_group:
     conda:
         "../../envs/analysis.yaml"
     params:
+        lock="amendment",
         prespecified=prespecified_amendment,
-        code=script_code("prespecify_group.py"),
+        code=script_code("prespecify.py"),
     script:
-        "../scripts/prespecify_group.py"
+        "../scripts/prespecify.py"

@@ -1,5 +1,8 @@
-"""Rule prespecify: the study's lock from the config and its plan, before any evaluation
-rollout (docs/prespecification.md, "Fixed by the lock")."""
+"""Rules prespecify and prespecify_group: the locks written before evaluation rollouts
+(docs/prespecification.md, "Fixed by the lock"). For prespecify (params.lock `study`), the
+study's lock from the config and its plan, registered in the study's lock history; for
+prespecify_group (`amendment`), a later rollout group's amendment lock from the config and the
+study's lock (docs/compare.md, "Rollout groups")."""
 
 import json
 
@@ -11,28 +14,36 @@ import os  # noqa: E402
 
 from kvdiverge.analysis.prespecification import (  # noqa: E402
     endpoint_fingerprint,
+    make_amendment,
     make_lock,
+    read_lock,
     register,
     registration_line,
     write_lock,
 )
 from kvdiverge.io.locks import evaluation_documents_digest  # noqa: E402
 
-with open(snakemake.input.plan, encoding="utf-8") as handle:
-    plan = json.load(handle)
 spec = snakemake.params.prespecified
-# what binds the evaluation: its documents, and the code that computes the endpoints
-documents = evaluation_documents_digest(list(snakemake.input.documents), spec["design"]["cohort"])
-code = endpoint_fingerprint(os.path.join(snakemake.scriptdir, snakemake.params.endpoint_script))
-lock = register(make_lock(spec, plan, documents, code), snakemake.output[0])
-write_lock(lock, snakemake.output[0])
+out = snakemake.output[0]
+if snakemake.params.lock == "study":
+    with open(snakemake.input.plan, encoding="utf-8") as handle:
+        plan = json.load(handle)
+    # what binds the evaluation: its documents, and the code that computes the endpoints
+    cohort = spec["design"]["cohort"]
+    documents = evaluation_documents_digest(list(snakemake.input.documents), cohort)
+    script = os.path.join(snakemake.scriptdir, snakemake.params.endpoint_script)
+    lock = register(make_lock(spec, plan, documents, endpoint_fingerprint(script)), out)
+    what = f"lock {lock['hash']}: K = {lock['design']['K']} ({lock['design']['K_setting']})"
+else:
+    study_lock = read_lock(snakemake.input.lock)
+    lock = make_amendment(spec, study_lock)
+    what = (
+        f"amendment {lock['hash']} of group {lock['group']} under lock {study_lock['hash']}: "
+        f"K = {lock['design']['K']}, actions {', '.join(lock['design']['actions'])}"
+    )
+write_lock(lock, out)
 endpoints = lock["endpoints"]
-log.info(
-    "lock %s: K = %d (%s), %s -> %s",
-    lock["hash"],
-    lock["design"]["K"],
-    lock["design"]["K_setting"],
-    f"{len(endpoints['family'])} endpoints" if endpoints else "no endpoint family",
-    snakemake.output[0],
-)
-log.info("%s History: %s", registration_line(lock), lock["registration"]["history"])
+family = f"{len(endpoints['family'])} endpoints" if endpoints else "no endpoint family"
+log.info("%s, %s -> %s", what, family, out)
+if snakemake.params.lock == "study":
+    log.info("%s History: %s", registration_line(lock), lock["registration"]["history"])
