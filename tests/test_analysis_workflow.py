@@ -168,8 +168,8 @@ def test_analysis_rules_on_synthetic_trajectories(analysed):
 def test_an_endpoint_changed_after_the_evaluation_stops_the_estimands(analysed, tmp_path):
     """Study 2's family changed after the evaluation rollouts, and only the analysis rerun: the
     estimands step refuses in one line naming the change. The deliberate way, a full run,
-    re-locks and reruns the evaluation stage (rollouts, statistics, estimands) and nothing of
-    the development stage."""
+    re-plans (the plan sizes the endpoints), re-locks and reruns the evaluation stage
+    (rollouts, statistics, estimands) and no development rollout."""
     work, config, _ = analysed
     path = tmp_path / "changed.yaml"
     path.write_text(yaml.safe_dump({"analysis": {"family_estimands": ["S_99"]}}))
@@ -191,6 +191,7 @@ def test_an_endpoint_changed_after_the_evaluation_stops_the_estimands(analysed, 
     dry = _snakemake(work, "-n", target, "--allowed-rules", *stages, *changed)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert planned_jobs(dry) == {
+        "plan_sample_sizes": 1,
         "prespecify": 1,
         "rollout_study2": len(config["models"]) * len(config["datasets"]["strata"]),
         "document_stats": len(config["models"]),
