@@ -158,12 +158,16 @@ def work(tmp_path_factory):
 
 def test_a_model_named_x_plus_lora_is_planned_like_any_other(work, tmp_path):
     """The raw `"|".join(names)` constraint made `x+lora` match no wildcard: never rolled out.
-    A study named with the same characters gets its own rules too."""
+    A study and a later rollout group named with the same characters get their rules too."""
     override = {
         "models": {"x+lora": {"path": "data/models/x+lora"}},
         "studies": {
             "study2": {"family_endpoints": 12},  # three models: the family grows
-            "s+x@1": {"actions": ["snapkv-half", "full"], "cohort": "study1"},
+            "s+x@1": {
+                "actions": ["snapkv-half", "recent-half", "full"],
+                "cohort": "study1",
+                "groups": {"main": ["snapkv-half", "full"], "mine+v2": ["recent-half"]},
+            },
         },
     }
     path = tmp_path / "override.yaml"
@@ -174,6 +178,8 @@ def test_a_model_named_x_plus_lora_is_planned_like_any_other(work, tmp_path):
     jobs = planned_jobs(res)
     assert jobs["dev_rollout_study1"] == jobs["rollout_study1"] == 18  # 3 models x 6 strata
     assert jobs["dev_rollout_s+x@1"] == jobs["rollout_s+x@1"] == 18
+    assert jobs["rollout_s+x@1_mine+v2"] == 18 and jobs["prespecify_group"] == 1  # a later group
+    assert "results/s+x@1/locks/mine+v2.json" in text
     for stratum in ("helmet-1024", "ruler-2048"):
         assert f"results/study1/x+lora/trajectories/snapkv-half/{stratum}.parquet" in text
         assert f"results/s+x@1/x+lora/dev/trajectories/full/{stratum}.parquet" in text

@@ -151,9 +151,10 @@ GROUP_CASES = {
         "config.studies.study1.groups.main: expected at least one action besides the control "
         "'full' (the first group's development rollouts plan the study's K)",
     ),
-    "group name unfit for a rule": (
-        _groups(**{"main": ["snapkv-half", "recent-half", "full"], "my-extra": ["x"]}),
-        "config.studies.study1.groups: 'my-extra' does not match",
+    "group name unfit for a path": (  # the names' pattern: kvdiverge.pipeline.names
+        _groups(**{"main": ["snapkv-half", "recent-half", "full"], "my/extra": ["x"]}),
+        "config.studies.study1.groups.my/extra: expected a name matching "
+        "^[A-Za-z0-9][A-Za-z0-9_.+=@-]*$ without '..'",
     ),
     "prediction pair with an action of a later group": (
         _groups(
