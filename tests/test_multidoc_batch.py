@@ -15,6 +15,7 @@ import transformers
 from engine_reference import law_differences
 
 import kvdiverge.engine.batches as batches_module
+import kvdiverge.engine.rows as rows_module
 from kvdiverge.engine import (
     RolloutSettings,
     plan_batches,
@@ -87,7 +88,10 @@ def unit_batches(monkeypatch) -> list[list[int]]:
         batches.append([unit.prefill.n for unit in units])
         return real(model, units, eos_ids, settings)
 
-    monkeypatch.setattr(batches_module, "_rollout_units", spy)
+    monkeypatch.setattr(batches_module, "_rollout_units", spy)  # several documents a call
+    monkeypatch.setattr(
+        rows_module, "_rollout_units", spy
+    )  # one document's groups (_rollout_chunk)
     return batches
 
 
