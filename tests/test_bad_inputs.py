@@ -10,6 +10,11 @@ Every case asserts the stage that stops it and its one-line message:
 * documents: before the first rollout of a job (:func:`check_documents`);
 * trajectory files: when read (kvdiverge.io.trajectories), and so before any estimand;
 * faults: killed writes, a killed job's scratch area, where a failing script's traceback goes.
+
+The catalogue continues in tests/test_bad_selectors.py (a user's selector that breaks its
+output contract, raises or changes the shared prefill), tests/test_bad_names.py (names that
+would leave output_dir or break a wildcard; YTE-templated config files) and
+tests/test_bad_stored_files.py.
 """
 
 from __future__ import annotations
