@@ -23,7 +23,11 @@ SnapKVPress, ``docs/method.md``, "SnapKV") are short classes on it; ``full`` kee
 
 A selector may return ragged kept sets (counts that vary by layer or KV head, e.g. kvpress's
 PyramidKV and AdaKV): each head's positions ascending, padded at the end with −1 to the
-longest head.
+longest head, and declares its counts (:meth:`Selector.kept_per_layer`).
+
+Whatever a selector returns is checked before any decoding, and the shared prefill is shown
+unchanged after each selector (:mod:`kvdiverge.eviction.contract`): one :class:`ActionError`
+line naming the action and the selector otherwise.
 """
 
 from __future__ import annotations
