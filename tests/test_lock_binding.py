@@ -46,7 +46,9 @@ def _spec(family_estimands=None) -> dict:
     if family_estimands is not None:
         config["analysis"]["family_estimands"] = family_estimands
     validate_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
-    actions = {name: parse_action({"name": name, **a}).as_dict() for name, a in config["actions"].items()}  # fmt: skip
+    actions = {
+        name: parse_action({"name": name, **a}).as_dict() for name, a in config["actions"].items()
+    }
     return prespecified(config, "study2", ["ruler-1024"], actions)
 
 

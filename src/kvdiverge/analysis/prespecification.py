@@ -42,6 +42,17 @@ first group, the amendment otherwise) in its metadata key ``lock``. The estimand
 before any work (:func:`check_lock`), that the lock and every amendment the current config
 implies (with the locked plan) are those on disk, and that every evaluation trajectory file was
 rolled out under its group's; either failure is one line naming the changed field or the file.
+
+What binds the evaluation (``docs/prespecification.md``, "Fixed by the lock"): the lock records
+``design.documents``, a digest of each stratum's evaluation documents
+(:func:`kvdiverge.io.locks.evaluation_documents_digest`, checked by every evaluation rollout
+job), and ``endpoints.code``, the fingerprint of the code that computes the endpoints
+(:func:`endpoint_fingerprint`, checked by the estimands step); the evaluation rollouts take
+their seed from the lock's hash (:func:`kvdiverge.io.locks.evaluation_seed`). Every
+registration is appended to ``lock_history.jsonl`` beside the lock (:func:`register`,
+:func:`read_history`), and the lock carries its ``registration`` (number, earlier
+registrations, time, reason) outside the hash; :func:`registration_line` says it in one line
+for the tables and the report.
 """
 
 from __future__ import annotations
