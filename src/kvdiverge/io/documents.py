@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from kvdiverge.io.parquet import read_verified_parquet, reading, write_parquet_with_metadata
 
@@ -89,14 +88,13 @@ def read_documents(path: str | os.PathLike, columns: Sequence[str] | None = None
     unknown = [c for c in wanted if c not in DOCUMENTS_SCHEMA]
     if unknown:
         raise ValueError(f"read_documents: no document column(s) {', '.join(unknown)}")
-    with reading(path, WHAT, DocumentsFormatError):
-        names = pq.read_schema(path).names
-    missing = [c for c in wanted if c not in names]
+    stored = read_documents_table(path)  # verified first: a damaged file is called that
+    missing = [c for c in wanted if c not in stored.columns]
     if missing:
         raise DocumentsFormatError(
             f"{path}: missing document column(s): the table lacks column(s) {', '.join(missing)}"
         )
-    frame = read_documents_table(path).select(wanted)
+    frame = stored.select(wanted)
     if frame["doc_id"].n_unique() != frame.height:
         raise DocumentsFormatError(f"{path}: doc_id values are not unique")
     return frame.cast({c: DOCUMENTS_SCHEMA[c] for c in wanted})
