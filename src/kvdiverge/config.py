@@ -34,6 +34,7 @@ import yaml
 from kvdiverge.analysis.groups import FIRST_GROUP, action_groups, study_groups
 from kvdiverge.eviction import check_action, keeps_everything
 from kvdiverge.pipeline.configfiles import TEMPLATING_REFUSED, templated
+from kvdiverge.pipeline.decoding import decoding_problem, greedy_replicates
 from kvdiverge.pipeline.names import config_name_problem
 
 __all__ = [
@@ -581,6 +582,8 @@ def check_references(config: Mapping[str, Any]) -> None:
     """Resolve every cross-reference of a validated config; :class:`ConfigError` in one line
     naming the field (module docstring lists the checks)."""
     check_generation_reserve(config)
+    if problem := decoding_problem(config):  # rollout.temperature; K_dev 1 only when greedy
+        raise ConfigError(problem)
     _check_finite_state(config)
     _check_models(config)
     actions = _parse_actions(config)
@@ -597,13 +600,13 @@ def check_config(
     config: dict[str, Any],
     schema: Mapping[str, Any] | str | os.PathLike,
     files: Iterable[str | os.PathLike] = (),
-) -> None:
+) -> list[str]:
     """Every parse-time check of the run's configuration, in order: the YAML ``files`` it was
     read from, none a YTE template, read strictly (:func:`load_yaml_strict`); every name (models,
     actions, studies, rollout groups, strata: ``kvdiverge.pipeline.names``); the values against
-    ``schema``
-    (:func:`validate_config`, which fills defaults in place); the cross-references
-    (:func:`check_references`). Raises :class:`ConfigError` in one line."""
+    ``schema`` (:func:`validate_config`, which fills defaults in place); the cross-references
+    (:func:`check_references`). Raises :class:`ConfigError` in one line. Returns the notes of
+    :func:`kvdiverge.pipeline.decoding.greedy_replicates` (K = 1 at temperature 0, in place)."""
     for path in files:
         if templated(path):  # Snakemake has evaluated it already (docs/configuration.md)
             raise ConfigError(f"{path}: {TEMPLATING_REFUSED}")
@@ -613,3 +616,4 @@ def check_config(
         raise ConfigError(bad_name)
     validate_config(config, schema)
     check_references(config)
+    return greedy_replicates(config)

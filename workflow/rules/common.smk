@@ -3,6 +3,7 @@
 # run, provenance fingerprints, the default target, and the names of the config (strata,
 # models, actions, studies and their rollout groups).
 import os
+import sys
 
 from kvdiverge.config import check_config
 from kvdiverge.pipeline.names import wildcard_alternation
@@ -19,11 +20,13 @@ from kvdiverge.analysis.prespecification import prespecified
 # cross-reference and every combination that would fail later (kvdiverge.config), and each
 # model loaded from a local folder (kvdiverge.engine.preflight); one line naming the field otherwise.
 # Before the first job of a run, the output folder is writable (kvdiverge.pipeline.folders).
-check_config(
+# At rollout.temperature 0 every study runs K = 1, with one note line per study that asked for more.
+for note in check_config(
     config,
     os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml"),
     files=workflow.configfiles,
-)
+):
+    print(note, file=sys.stderr)
 check_configured_models(config)
 
 

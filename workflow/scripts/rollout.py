@@ -53,6 +53,7 @@ run_stratum_rollout_job(
         seed=seed,
         coupling=params.coupling,
         max_batch_rows=params.max_batch_rows,
+        temperature=params.temperature,
     ),
     device=params.device,
     log_file=sys.stderr,

@@ -20,7 +20,9 @@ the estimate minus θ is to first order the document average of u). Method of mo
 (:func:`variance_components`): σ_w² from the values and their squares within documents,
 σ_b² = within-stratum variance of document means minus σ_w²/K_dev, clipped at 0. The
 development cohort must have at least 2 paths per document (K_dev ≥ 2): with one path σ_w²
-cannot be estimated and the plan refuses the file.
+cannot be estimated and the plan refuses the file — except under greedy decoding
+(``rollout.temperature`` 0, recorded in the file), where every path of a document is the same
+and σ_w² = 0 exactly: one path per document, and the plan's K is 1.
 
 Cost model (deterministic: the same config and development trajectories plan the same K on
 any machine and under any load). One unit is one token through the model, prefilled or decoded
@@ -160,7 +162,9 @@ def development_paths(
     over lags 1..w and d − w + 1..d; ``clock``: ``analysis.clock``'s fractions of H).
 
     The file is checked against its contract first (whole paths, replicate counts), and every
-    document must have at least 2 paths (K_dev ≥ 2), else one line naming the file.
+    document must have at least 2 paths (K_dev ≥ 2), else one line naming the file; a file
+    rolled out greedily (metadata ``temperature`` 0: every replicate the same path, σ_w² = 0
+    exactly) may hold one path per document.
     """
     try:
         frame = read_trajectories(path)
@@ -172,7 +176,8 @@ def development_paths(
     H = int(frame["t"].max())
     n = frame.height // H
     single = frame.group_by("doc_id").agg(k=pl.col("replicate").n_unique()).filter(pl.col("k") < 2)
-    if single.height:
+    greedy = read_trajectory_metadata(path).get("temperature") == 0  # one path, no variance
+    if single.height and not greedy:
         raise PlanningError(
             f"{path}: {single.height} development document(s) have one path each (e.g. "
             f"{sorted(single['doc_id'])[0]!r}); the plan needs K_dev >= 2 paths per document "

@@ -6,8 +6,9 @@ sample-size plan (:mod:`kvdiverge.analysis.planning`, made from the development 
 before the first evaluation rollout of the study starts. It records:
 
 * ``design``: the models, the actions with every parameter, the control and its replicates,
-  the evaluation cohort, the strata and documents per stratum, H, the seed and the coupling,
-  the config's ``K`` setting (``"plan"`` or a pinned integer) and the resolved evaluation ``K``;
+  the evaluation cohort, the strata and documents per stratum, H, the seed, the coupling and
+  the decoding temperature (``rollout.temperature``; 0: greedy), the config's ``K`` setting
+  (``"plan"`` or a pinned integer) and the resolved evaluation ``K``;
 * ``endpoints``: for a study with a prespecified family (``family_endpoints`` > 1, study 2),
   the family's ``estimands`` and each endpoint (model, action, estimand) in ``family``, with the
   settings that define them — the family size m, α and the family level 1 − α/m, the analysis
@@ -157,6 +158,7 @@ def prespecified(
         "H": config["rollout"]["H"],
         "seed": config["seed"],
         "coupling": config["rollout"]["coupling"],
+        "temperature": config["rollout"].get("temperature", 1),
     }
     endpoints = _endpoints(config, study, [a for a in first if a != control])
     return {"study": study, "design": design, "endpoints": endpoints}

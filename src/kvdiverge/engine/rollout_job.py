@@ -392,7 +392,8 @@ def run_stratum_rollout_job(
     file's metadata key ``timing`` holds the action's measured seconds (sample-size planning
     reads them): the only part of a file that differs between reruns; ``documents`` the
     documents file and its SHA-256 (:attr:`CheckedJob.documents_record`). ``metadata``: further
-    keys written into every file's metadata (e.g. ``lock``, the hash of the evaluation's
+    keys written into every file's metadata (besides the job's own, among them the settings'
+    ``temperature``; e.g. ``lock``, the hash of the evaluation's
     prespecification lock); it may not replace a key the job writes itself.
     """
     from tqdm import tqdm
@@ -401,7 +402,7 @@ def run_stratum_rollout_job(
 
     specs = job_actions(actions, out_paths, cohorts)
     extra = dict(metadata or {})
-    written = {*METADATA_KEYS, "eos_ids", "n_documents", "timing", "documents"}
+    written = {*METADATA_KEYS, "temperature", "eos_ids", "n_documents", "timing", "documents"}
     reserved = sorted(set(extra) & written)
     if reserved:
         raise ValueError(f"metadata: key(s) {', '.join(reserved)} are written by the job itself")
@@ -457,6 +458,7 @@ def run_stratum_rollout_job(
             "K": dict(cohorts[name]),
             "seed": settings.seed,
             "coupling": settings.coupling,
+            "temperature": settings.temperature,
             "dtype": str(lm.dtype).removeprefix("torch."),
             "device": str(lm.device),
             "eos_ids": list(eos),

@@ -47,7 +47,8 @@ def rollout_params(study, group, stage):
     """Every param of a rollout job, spelled once for both stages (workflow/scripts/rollout.py;
     swrb_rollout.py for an evaluation under `rollout.coupling: swrb`): the stage (`dev`, or
     `evaluation` under the group's lock, which fixes the replicates and the seed), the model,
-    the group's actions, H, the seed, the coupling, rows per model call, the device, the code
+    the group's actions, H, the seed, the coupling, the decoding temperature (rollout.temperature;
+    swrb runs at 1 only), rows per model call, the device, the code
     fingerprint; and the development replicates for `dev`."""
     params = {
         "stage": stage,
@@ -56,6 +57,7 @@ def rollout_params(study, group, stage):
         "H": config["rollout"]["H"],
         "seed": config["seed"],
         "coupling": dev_rollout_coupling() if stage == "dev" else config["rollout"]["coupling"],
+        "temperature": config["rollout"]["temperature"],
         "max_batch_rows": config["rollout"]["max_batch_rows"],
         "device": config["rollout"]["device"],
         "code": rollout_code(study, rollout_script(stage), group),

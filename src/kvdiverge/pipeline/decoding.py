@@ -1,0 +1,68 @@
+"""The pipeline's decoding temperature (``rollout.temperature``; issue 31, item 4): its checks
+and what it implies for the studies' replicates, run at parse time by
+:func:`kvdiverge.config.check_config`.
+
+The rollout jobs' kernels are softmax(logits / T) (``RolloutSettings.temperature``); T = 1 is
+the model's own law (the paper's setting) and T = 0 is greedy decoding, the point mass on the
+argmax. At T = 0 every replicate of a document is the same path, so more than one replicate
+buys nothing: every study runs K = K_dev = K_control = 1 (:func:`greedy_replicates`, one note
+line per study that asked for more), and the sample-size plan, whose within-document variance
+is then exactly 0, accepts one development path per document
+(:func:`kvdiverge.analysis.planning.development_paths`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["decoding_problem", "greedy_replicates", "rollout_temperature"]
+
+
+def rollout_temperature(config: Mapping[str, Any]) -> float:
+    """``rollout.temperature`` of a config (1, the default, where it is absent)."""
+    return config.get("rollout", {}).get("temperature", 1.0)
+
+
+def decoding_problem(config: Mapping[str, Any]) -> str | None:
+    """The one line refusing a temperature the rollouts cannot run, or None: not a
+    finite number >= 0, SWRB (``rollout.coupling: swrb``, whose engine draws from the model's
+    own law) at T != 1, and a study planning from one development path per document
+    (``K_dev`` 1) at T != 0, where the plan needs the within-document variance."""
+    T = rollout_temperature(config)
+    if isinstance(T, bool) or not isinstance(T, int | float) or not math.isfinite(T) or T < 0:
+        return f"config.rollout.temperature: expected a finite number >= 0 (0: greedy), got {T!r}"
+    if T != 1 and config.get("rollout", {}).get("coupling") == "swrb":
+        return (
+            f"config.rollout.temperature: {T:g}, but rollout.coupling swrb samples at the "
+            "model's own temperature only; expected 1, or coupling shared-reference or "
+            "independent"
+        )
+    if T == 0:
+        return None
+    for study, spec in config.get("studies", {}).items():
+        if spec.get("K_dev", 2) < 2:
+            return (
+                f"config.studies.{study}.K_dev: expected a value >= 2, got {spec['K_dev']} (the "
+                "plan needs the within-document variance; 1 only at rollout.temperature 0)"
+            )
+    return None
+
+
+def greedy_replicates(config: dict[str, Any]) -> list[str]:
+    """At ``rollout.temperature`` 0, set every study's K, K_dev and K_control to 1 in place;
+    return one note line per study that asked for more (none at T != 0)."""
+    if rollout_temperature(config) != 0:
+        return []
+    notes = []
+    for study, spec in config.get("studies", {}).items():
+        asked = [f"{key} {spec[key]}" for key in ("K", "K_dev", "K_control") if spec.get(key) != 1]
+        for key in ("K", "K_dev", "K_control"):
+            spec[key] = 1
+        if asked:
+            notes.append(
+                f"config.studies.{study}: rollout.temperature 0 (greedy): every replicate is the "
+                f"same path, so K = K_dev = K_control = 1 (not {', '.join(asked)})"
+            )
+    return notes
