@@ -493,3 +493,28 @@ def test_the_table_digest_is_of_the_decoded_values():
     ]
     digests = {frame_digest(f) for f in changes}
     assert len(digests) == len(changes) and frame_digest(base) not in digests
+
+
+def test_a_damaged_scratch_unit_is_one_line_and_rolled_out_again(tmp_path):
+    """A job's scratch area (finished documents kept across a kill) is verified as well: a
+    flipped bit in a saved frame is one line naming the file, and the unit is discarded, so
+    the rerun rolls that document out again instead of writing damaged values."""
+    from kvdiverge.io import JobScratch, StoredFileError
+
+    scratch = JobScratch([tmp_path / "out.parquet"], key={"H": 8})
+    frame = pl.DataFrame({"doc_id": ["s/dev/000"] * 3, "x": [1, 2, 3]})
+    scratch.save("s/dev/000", {"a": frame}, info={"seconds": 1})
+    assert scratch.load("s/dev/000")[0]["a"].equals(frame)
+    path = next(scratch.root.glob("*/a.parquet"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoredFileError) as info:
+        scratch.load_all()
+    message = one_line(info)
+    assert message.startswith(f"{path}: ")
+    assert message.endswith(
+        "[the scratch unit of doc_id 's/dev/000' is discarded: rerun the job to roll that "
+        "document out again]"
+    )
+    assert not scratch.done("s/dev/000") and scratch.doc_ids() == []

@@ -189,19 +189,26 @@ class JobScratch:
             name = f"{name[: UNIT_NAME_MAX - 34]}%%{digest}"
         return self.root / name
 
+    @staticmethod
+    def _record(unit: Path) -> dict[str, Any] | None:
+        """A unit's ``done.json``, or None when it is missing or does not parse (the unit is
+        then not done, and is rolled out again)."""
+        try:
+            record = json.loads((unit / "done.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and "doc_id" in record else None
+
     def done(self, doc_id: str) -> bool:
         """Whether ``doc_id`` was saved completely."""
-        return (self._unit(doc_id) / "done.json").is_file()
+        return self._record(self._unit(doc_id)) is not None
 
     def doc_ids(self) -> list[str]:
         """The saved units, sorted."""
         if not self.root.is_dir():
             return []
-        return sorted(
-            json.loads((u / "done.json").read_text())["doc_id"]
-            for u in self.root.iterdir()
-            if (u / "done.json").is_file()
-        )
+        records = (self._record(u) for u in self.root.iterdir() if u.is_dir())
+        return sorted(str(r["doc_id"]) for r in records if r is not None)
 
     def save(
         self,
@@ -210,29 +217,42 @@ class JobScratch:
         info: Mapping[str, Any] | None = None,
     ) -> None:
         """Keep a finished unit: one frame per name (e.g. per action), plus JSON ``info``
-        (e.g. its timing). Every file is fsynced; ``done.json`` comes last."""
+        (e.g. its timing), each frame with page checksums and digests
+        (:func:`kvdiverge.io.parquet.write_parquet_with_metadata`). Every file is fsynced;
+        ``done.json`` comes last."""
+        from kvdiverge.io.parquet import write_parquet_with_metadata  # it imports this module
+
         unit = self._unit(doc_id)
         (unit / "done.json").unlink(missing_ok=True)
         unit.mkdir(parents=True, exist_ok=True)
         for name, frame in frames.items():
-            with atomic_path(unit / f"{quote(name, safe='')}.parquet") as tmp:
-                frame.write_parquet(tmp)
+            write_parquet_with_metadata(frame, unit / f"{quote(name, safe='')}.parquet", {})
         record = {"doc_id": doc_id, "frames": list(frames), "info": dict(info or {})}
         atomic_write_text(unit / "done.json", json.dumps(record, sort_keys=True, default=str))
 
     def load(self, doc_id: str) -> tuple[dict[str, pl.DataFrame], dict[str, Any]]:
-        """The frames and info of a saved unit (KeyError when it is not done)."""
-        import polars as pl
+        """The frames and info of a saved unit (KeyError when it is not done), each frame read
+        back verified (:func:`kvdiverge.io.parquet.read_verified_parquet`). A damaged unit is
+        discarded (no longer done) and raises one
+        :class:`~kvdiverge.io.parquet.StoredFileError` line naming the file: a rerun of the job
+        rolls that document out again."""
+        from kvdiverge.io.parquet import StoredFileError, read_verified_parquet
 
         unit = self._unit(doc_id)
-        try:
-            record = json.loads((unit / "done.json").read_text())
-        except FileNotFoundError:
-            raise KeyError(doc_id) from None
-        frames = {
-            name: pl.read_parquet(unit / f"{quote(name, safe='')}.parquet")
-            for name in record["frames"]
-        }
+        record = self._record(unit)
+        if record is None:
+            raise KeyError(doc_id)
+        frames = {}
+        for name in record["frames"]:
+            path = unit / f"{quote(name, safe='')}.parquet"
+            try:
+                frames[name] = read_verified_parquet(path, "job scratch file")[0]
+            except StoredFileError as exc:
+                (unit / "done.json").unlink(missing_ok=True)
+                raise StoredFileError(
+                    f"{exc} [the scratch unit of doc_id {doc_id!r} is discarded: rerun the job "
+                    "to roll that document out again]"
+                ) from exc
         return frames, record["info"]
 
     def load_all(self) -> dict[str, tuple[dict[str, pl.DataFrame], dict[str, Any]]]:
