@@ -518,3 +518,22 @@ def test_a_damaged_scratch_unit_is_one_line_and_rolled_out_again(tmp_path):
         "document out again]"
     )
     assert not scratch.done("s/dev/000") and scratch.doc_ids() == []
+
+
+@pytest.mark.slow
+def test_bit_flips_in_a_document_stats_file(rolled_out, tmp_path):
+    """The statistics the estimands read sit on disk between rules too: verified the same way."""
+    from kvdiverge.analysis.document_stats import read_document_stats, write_document_stats
+
+    files = {name: [path] for name, path in rolled_out["trajectories"].items()}
+    stats, clock = document_stats(files, [rolled_out["documents"]], control="full")
+    path = tmp_path / "document_stats.parquet"
+    write_document_stats(stats, path, clock)
+
+    def read(p):
+        frame, back = read_document_stats(p)
+        return frame, {"clock": back}
+
+    assert read(path)[0].equals(stats) and read(path)[1] == {"clock": clock}
+    kinds = _flip_outcomes(path, tmp_path / "f.parquet", read, AnalysisInputError, 200, 9)
+    assert kinds.get("identical", 0) > 0 and len(kinds) > 2, kinds

@@ -42,18 +42,15 @@ plus ``n_paths`` (replicates of the document) and ``cohort_paths`` (paths in the
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kvdiverge.analysis.control import check_full_retention_control
-from kvdiverge.io import atomic_path
+from kvdiverge.io import read_verified_parquet, write_parquet_with_metadata
 from kvdiverge.io.documents import (
     SOURCE_COLUMNS,
     DocumentsFormatError,
@@ -454,26 +451,23 @@ def document_stats(
 
 
 def write_document_stats(frame: pl.DataFrame, path: str | os.PathLike, clock: Clock) -> None:
-    """Write a document-statistics table atomically, with its clock as Parquet metadata."""
-    table = frame.to_arrow()
-    meta = {b"kvdiverge.clock": json.dumps(asdict(clock)).encode()}
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
-    with atomic_path(path, suffix=".parquet") as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+    """Write a document-statistics table atomically, with its clock as Parquet metadata, page
+    checksums and digests (:func:`kvdiverge.io.parquet.write_parquet_with_metadata`)."""
+    write_parquet_with_metadata(frame, path, {"clock": asdict(clock)})
 
 
 def read_document_stats(path: str | os.PathLike) -> tuple[pl.DataFrame, Clock]:
-    """Read a table written by :func:`write_document_stats`; checks its columns."""
-    try:
-        raw = (pq.read_schema(path).metadata or {}).get(b"kvdiverge.clock")
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise AnalysisInputError(f"{path}: not a readable Parquet file ({exc})") from exc
-    if raw is None:
+    """Read a table written by :func:`write_document_stats`, verified as written
+    (:func:`kvdiverge.io.parquet.read_verified_parquet`); checks its columns. Every failure
+    is one :class:`AnalysisInputError` naming the file."""
+    frame, metadata = read_verified_parquet(path, "document-stats file", AnalysisInputError)
+    spec = metadata.get("clock")
+    if not isinstance(spec, dict):
         raise AnalysisInputError(f"{path}: no kvdiverge.clock metadata (not a document-stats file)")
-    spec = json.loads(raw)
-    spec["blocks"] = tuple(tuple(b) for b in spec["blocks"])
-    clock = Clock(**spec)
-    frame = pl.read_parquet(path)
+    try:
+        clock = Clock(**{**spec, "blocks": tuple(tuple(b) for b in spec["blocks"])})
+    except (TypeError, KeyError, ValueError) as exc:
+        raise AnalysisInputError(f"{path}: kvdiverge.clock is not a clock ({exc})") from exc
     missing = [c for c in (*KEY_COLUMNS, "n_paths", *stat_columns(clock)) if c not in frame.columns]
     if missing:
         raise AnalysisInputError(
