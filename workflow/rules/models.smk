@@ -6,26 +6,26 @@
 # sources").
 from kvdiverge.models.sources import parse_source
 
+
+include: "helpers/models.smk"
+
+
 if demo_models():  # the training code imports torch: not loaded for configs without demo models
     from kvdiverge.models.training import check_demo_model_folder, demo_model_fingerprint
 
 for _name in demo_models():
-    check_demo_model_folder(
+    if check_demo_model_folder(
         model_path(_name),
         config["models"][_name],
         config["models"][_name]["seed"],
         where=f"config.models.{_name}",
-    )
+    ):  # committed weights, current: no retraining for the script's modification time
+        keep_build_script_older(model_path(_name))
 
 
 for _name in sourced_models():
     model_path(_name)  # one-line errors: `demo` and `source` together, or another `path`
     parse_source(config["models"][_name]["source"], where=f"config.models.{_name}.source")
-
-
-demo_training_fingerprint = lambda name: demo_model_fingerprint(
-    config["models"][name], config["models"][name]["seed"]
-)
 
 
 rule build_demo_model:
@@ -38,6 +38,8 @@ rule build_demo_model:
     wildcard_constraints:
         model=wildcard_alternation(demo_models(), "no-demo-model"),
     priority: 10  # every rollout waits for the model: start it before the finite-state jobs
+    conda:
+        "../../envs/rollout.yaml"
     threads: 1
     resources:
         runtime=60,
@@ -49,10 +51,8 @@ rule build_demo_model:
         # the training fingerprint (training code, data generators, architecture, settings,
         # seed): a change is refused at parse time while the folder exists (see above)
         code=lambda wildcards: demo_training_fingerprint(wildcards.model),
-    run:
-        from kvdiverge.models.training_job import train_demo_model_job
-
-        train_demo_model_job(output[0], params, log[0], threads)
+    script:
+        "../scripts/build_demo_model.py"
 
 
 rule materialize_model:

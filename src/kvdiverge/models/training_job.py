@@ -20,10 +20,12 @@ def train_demo_model_job(
     """Train ``params.kind`` into ``out_dir`` with ``params.train`` and ``params.seed``, logging
     progress to ``log_path`` (docs/models.md, "Training").
 
-    The rule calls this from a ``run:`` block rather than a ``script:``: Snakemake reruns a
+    The rule's script (``workflow/scripts/build_demo_model.py``) calls it. Snakemake reruns a
     script job whose outputs are older than the script file, and in a fresh clone git writes
-    ``data/models/`` before ``workflow/``, so the committed weights would be retrained. Their
-    provenance is the training fingerprint instead (params and the parse-time check).
+    ``data/models/`` before ``workflow/``; the committed weights' provenance is the training
+    fingerprint instead (params and the parse-time check), and the workflow sets the script's
+    modification time back before current committed weights (``keep_build_script_older`` in
+    ``workflow/rules/helpers/models.smk``), so they are not retrained.
     """
     import torch
     import transformers
