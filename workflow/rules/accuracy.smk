@@ -47,7 +47,7 @@ rule accuracy:
     wildcard_constraints:
         study=wildcard_alternation(config["studies"], "no-study"),
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         tokenizers=lambda w: {  # the tokenizer of every model decodes its generations
             name: {

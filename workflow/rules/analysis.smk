@@ -22,7 +22,7 @@ rule document_stats:
         study=wildcard_alternation(config["studies"], "no-study"),
         model=wildcard_alternation(config["models"], "no-model"),
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     resources:
         mem_mb=32000,  # at the scale of configs/paper.yaml, as for estimands below
         runtime=60,
@@ -65,7 +65,7 @@ rule estimands:
     wildcard_constraints:
         study=wildcard_alternation(config["studies"], "no-study"),
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     resources:
         mem_mb=16000,
         runtime=120,
@@ -103,7 +103,7 @@ rule prediction:
     wildcard_constraints:
         study=wildcard_alternation(config["studies"], "no-study"),
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         pair=lambda w: config["analysis"]["prediction"]["pairs"].get(w.study),
         eval_cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
@@ -128,7 +128,7 @@ rule plan_sample_sizes:
     wildcard_constraints:
         study=wildcard_alternation(config["studies"], "no-study"),
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         actions=lambda w: rollout_groups(w.study)[first_group(w.study)],
         control=lambda w: config["studies"][w.study]["control"],
@@ -157,7 +157,7 @@ rule prespecify:
     wildcard_constraints:
         study=wildcard_alternation(config["studies"], "no-study"),
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         lock="study",
         prespecified=prespecified_study,
@@ -182,7 +182,7 @@ rule prespecify_group:
         study=wildcard_alternation(config["studies"], "no-study"),
         group=amendment_groups(),
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         lock="amendment",
         prespecified=prespecified_amendment,

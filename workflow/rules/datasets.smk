@@ -17,7 +17,7 @@ rule materialize_documents:
     wildcard_constraints:
         stratum=wildcard_alternation((s.name for s in DATASETS.strata), "no-stratum"),
     conda:
-        "../../envs/datasets.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         datasets=config["datasets"],
         tokenizer=lambda wildcards: length_tokenizer_path(),

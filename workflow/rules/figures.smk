@@ -23,7 +23,7 @@ rule introductory_figure:
     priority: -1  # off the rollout chain: it waits for a core the rollouts leave idle
     localrule: True
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         eps=config["figures"]["introductory"]["eps"],
         horizon=config["figures"]["introductory"]["horizon"],
@@ -76,7 +76,7 @@ rule study_figures:
         study=wildcard_alternation(config["studies"], "no-study"),
     localrule: True
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         actions=study_compared_actions,
         control=study_control,
@@ -105,7 +105,7 @@ rule study_branch_figure:
         study=wildcard_alternation(family_studies(), "no-family-study"),
     localrule: True
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         actions=study_compared_actions,
         control=study_control,
@@ -175,7 +175,7 @@ rule study_tables:
         study=wildcard_alternation(config["studies"], "no-study"),
     localrule: True
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         actions=study_compared_actions,
         main_contrast=study_main_contrast,

@@ -21,7 +21,7 @@ rule finite_state_systems:
         results("benchmarks/finite_state_systems/systems.tsv")
     priority: -1  # off the rollout chain: it waits for a core the rollouts leave idle
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         seed=config["seed"],
         finite_state=finite_state_study_settings(),
@@ -58,7 +58,7 @@ rule finite_state_figures:
     priority: -1  # off the rollout chain: it waits for a core the rollouts leave idle
     localrule: True
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         interval_systems=config["finite_state"]["interval_figure_systems"],
         code=script_code("finite_state_figures.py"),

@@ -39,7 +39,7 @@ rule build_demo_model:
         model=wildcard_alternation(demo_models(), "no-demo-model"),
     priority: 10  # every rollout waits for the model: start it before the finite-state jobs
     conda:
-        "../../envs/rollout.yaml"
+        "../../envs/kvdiverge.yaml"
     threads: 1
     resources:
         runtime=60,
@@ -67,7 +67,7 @@ rule materialize_model:
     priority: 10  # every rollout waits for the model: start it before the finite-state jobs
     conda:
         # torch and transformers; gguf and accelerate come with the package's dependencies
-        "../../envs/rollout.yaml"
+        "../../envs/kvdiverge.yaml"
     threads: 1
     resources:
         mem_mb=4000,  # SmolLM2-135M: 1.3 GB peak

@@ -31,7 +31,7 @@ for study in config["studies"]:
             model=wildcard_alternation(config["models"], "no-model"),
             stratum="[^/]+",
         conda:
-            "../../envs/rollout.yaml"
+            "../../envs/kvdiverge.yaml"
         threads: 1
         resources:
             **rollout_resources(),
@@ -61,7 +61,7 @@ for study in config["studies"]:
                 model=wildcard_alternation(config["models"], "no-model"),
                 stratum="[^/]+",
             conda:
-                "../../envs/rollout.yaml"
+                "../../envs/kvdiverge.yaml"
             threads: 1
             resources:
                 **rollout_resources(),

@@ -28,7 +28,7 @@ rule swrb_estimands:
     wildcard_constraints:
         study=wildcard_alternation(config["studies"], "no-study"),
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         files=lambda w: swrb_record_files(w.study),
         contrasts=lambda w: study_contrasts(w.study),
@@ -70,7 +70,7 @@ rule swrb_figures:
         study=wildcard_alternation(config["studies"], "no-study"),
     localrule: True
     conda:
-        "../../envs/analysis.yaml"
+        "../../envs/kvdiverge.yaml"
     params:
         actions=study_compared_actions,
         control=study_control,
