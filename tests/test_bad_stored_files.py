@@ -308,13 +308,22 @@ def test_config_vocab_size_that_disagrees_with_the_weights(tmp_path):
     rows = config["vocab_size"]
     check_model_folder(folder, "config.models.m.path")  # the demo model's own config passes
     (folder / "config.json").write_text(json.dumps({**config, "vocab_size": rows + 88}))
-    with pytest.raises(PreflightError) as info:
-        check_model_folder(folder, "config.models.m.path")
-    assert one_line(info) == (
-        f"config.models.m.path: {folder / 'config.json'} says vocab_size = {rows + 88}, but "
+    expected = (
+        f"{folder / 'config.json'} says vocab_size = {rows + 88}, but "
         f"{folder / 'model.safetensors'} holds lm_head.weight with {rows} rows (one per "
         "token): the config does not belong to these weights"
     )
+    with pytest.raises(PreflightError) as info:
+        check_model_folder(folder, "config.models.m.path")
+    assert one_line(info) == f"config.models.m.path: {expected}"
+    # at the workflow's parse, for a model configured from a local folder
+    from test_bad_inputs import _configured
+
+    from kvdiverge.engine.preflight import check_configured_models
+
+    with pytest.raises(PreflightError) as info:
+        check_configured_models(_configured(folder))
+    assert one_line(info) == f"config.models.extra.path: {expected}"
 
 
 def test_a_truncated_gguf_stops_before_conversion(tmp_path):
