@@ -48,25 +48,36 @@ def logs(path):
 
 
 def report_after_run():
-    """The `onsuccess` handler (Snakefile): after a real run of the default target, build
+    """The `onsuccess` handler (Snakefile): after a real run of the whole default target, build
     `<output_dir>/report.html` with the run's effective config (kvdiverge.pipeline.report; its
-    output in <output_dir>/logs/report.log). Dry runs, `--touch`, cluster jobs, and runs of
-    other targets build none; `snakemake --report` runs no handler."""
+    output in <output_dir>/logs/report.log). A partial run (other targets, --until, --omit-from,
+    --allowed-rules, --batch) builds none and says how to build it; dry runs, `--touch` and
+    cluster jobs build none; `snakemake --report` runs no handler."""
     from snakemake.logging import logger
-    from kvdiverge.pipeline.report import build_report, wants_report
+    from kvdiverge.pipeline.report import build_report, partial_run, skipped_report
 
+    if workflow.dryrun or workflow.touch or workflow.remote_exec:
+        return
     settings = workflow.dag_settings
-    if wants_report(
-        dryrun=workflow.dryrun,
-        touch=workflow.touch,
-        remote=workflow.remote_exec,
-        targets=set(settings.targets),
+    batch = settings.batch
+    path = results("report.html")
+    partial = partial_run(
+        targets=settings.targets,
         target_jobs=settings.target_jobs,
-    ):
-        path = results("report.html")
-        logger.info(f"Building the report {path} (log: {logs('report.log')})")
-        build_report(path, workflow.main_snakefile, config, logs("report.log"))
-        logger.info(f"Report: {path}")
+        until=settings.until,
+        omit_from=settings.omit_from,
+        allowed_rules=settings.allowed_rules,
+        batch=batch and f"{batch.rulename}={batch.idx}/{batch.batches}",
+    )
+    if partial is not None:
+        files = workflow.overwrite_configfiles
+        replace = workflow.config_settings.replace_workflow_config
+        values = bool(workflow.config_settings.config)
+        logger.info(skipped_report(path, partial, files, replace, values))
+        return
+    logger.info(f"Building the report {path} (log: {logs('report.log')})")
+    build_report(path, workflow.main_snakefile, config, logs("report.log"))
+    logger.info(f"Report: {path}")
 
 
 def script_code(script):
