@@ -26,6 +26,12 @@ Usage (about 1 minute without the benchmarks)::
     python benchmarks/device_check.py --device cuda --throughput --budgets 192 384 768 1536
     python benchmarks/device_check.py --device cpu --skip-laws --throughput --budgets 24 48 \
         --sweep-docs 6 --throughput-args "--models tiny --lengths 1024 --H 8"   # CPU dry run
+    # the replication's shapes, both prompt layouts (benchmarks/README.md, "Replication shapes")
+    python benchmarks/device_check.py --device cuda --throughput --budgets 192 --throughput-args \
+        "--shapes study1 study2 --lengths 4096 8192 --H 128 --layouts gathered auto"
+
+The law check (item 2) runs the default prompt layout (``auto``: snapkv-half in the masked pass)
+and names the kernel of each part: the gathered groups' and the masked pass's.
 """
 
 from __future__ import annotations
@@ -81,9 +87,11 @@ def law_check(model_dir: Path, device: str, dtype: str, K: int = 4, H: int = 24)
             worst[name] = max(worst[name], difference)
     probe = torch.empty((1, 1, 1, model.config.hidden_size // model.config.num_attention_heads))
     kernel = attention._fused_kernel(probe.to(model.device, model.dtype))
+    masked = attention._fused_masked_kernel(probe.to(model.device, model.dtype))
     return {
         "dtype": str(model.dtype).removeprefix("torch."),
         "kernel": getattr(kernel, "__name__", "plain path"),
+        "masked_kernel": getattr(masked, "__name__", "plain path"),
         "seconds": seconds,
         "split_paths": int((r.x_token != r.y_token).any(axis=1).sum()),
         **worst,
@@ -127,17 +135,18 @@ def main() -> None:
 def law_table(device: str) -> None:
     """Item 2: per architecture and dtype, the kernel chosen and the largest law differences."""
     print(
-        "\n| model | dtype | kernel | max abs ΔP | max abs ΔQ | max abs ΔQ_fixed | paths split |"
-        " engine s |"
+        "\n| model | dtype | kernel | masked-pass kernel | max abs ΔP | max abs ΔQ | "
+        "max abs ΔQ_fixed | paths split | engine s |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("llama", "qwen2"):
             model_dir = build_demo_model(kind, Path(tmp) / kind, seed=11)
             for dtype in ("float32", "bfloat16"):
                 c = law_check(model_dir, device, dtype)
                 print(
-                    f"| {kind} | {c['dtype']} | {c['kernel']} | {c['p']:.2e} | {c['q']:.2e} | "
+                    f"| {kind} | {c['dtype']} | {c['kernel']} | {c['masked_kernel']} | "
+                    f"{c['p']:.2e} | {c['q']:.2e} | "
                     f"{c['q_fixed']:.2e} | {c['split_paths']}/4 | {c['seconds']:.2f} |",
                     flush=True,
                 )
