@@ -159,9 +159,10 @@ def interval_cell(
     digits: int,
     n_docs: int | None = None,
 ) -> Cell:
-    """``value [lo, hi]``; with ``n_docs`` below two, ``value [not available: n document]``."""
+    """``value [lo, hi]``; with ``n_docs`` below two, ``value [not available: n document]``
+    (an undefined value is ``NA`` alone)."""
     value = format_value(x, unit, digits)
-    if n_docs is not None and n_docs < MIN_INTERVAL_DOCUMENTS:
+    if n_docs is not None and n_docs < MIN_INTERVAL_DOCUMENTS and not _is_missing(x):
         return Cell(value, no_interval_text(n_docs))
     if _is_missing(lo) and _is_missing(hi):
         return Cell(value)
