@@ -33,6 +33,7 @@ import yaml
 
 from kvdiverge.analysis.groups import FIRST_GROUP, action_groups, study_groups
 from kvdiverge.eviction import check_action, keeps_everything
+from kvdiverge.pipeline.baselines import baseline_problem
 from kvdiverge.pipeline.configfiles import TEMPLATING_REFUSED, templated
 from kvdiverge.pipeline.decoding import decoding_problem, greedy_replicates
 from kvdiverge.pipeline.names import config_name_problem
@@ -582,7 +583,7 @@ def check_references(config: Mapping[str, Any]) -> None:
     """Resolve every cross-reference of a validated config; :class:`ConfigError` in one line
     naming the field (module docstring lists the checks)."""
     check_generation_reserve(config)
-    if problem := decoding_problem(config):  # rollout.temperature; K_dev 1 only when greedy
+    if problem := decoding_problem(config) or baseline_problem(config):  # temperature, baselines
         raise ConfigError(problem)
     _check_finite_state(config)
     _check_models(config)

@@ -22,6 +22,7 @@ rule accuracy:
         lock=results("{study}/lock.json"),
     output:
         csv=results("{study}/tables/accuracy.csv"),
+        documents=results("{study}/tables/accuracy_documents.parquet"),
         table_csv=results("{study}/tables/table_accuracy.csv"),
         table_md=results("{study}/tables/table_accuracy.md"),
         table_tex=results("{study}/tables/table_accuracy.tex"),

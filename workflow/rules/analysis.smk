@@ -73,7 +73,7 @@ rule estimands:
         study=lambda w: config["studies"][w.study],
         cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
         strata=study_strata(),
-        contrasts=lambda w: config["analysis"]["contrasts"].get(w.study),
+        contrasts=estimand_contrasts,
         level=config["analysis"]["level"],
         alpha=config["analysis"]["alpha"],
         family_estimands=config["analysis"]["family_estimands"],

@@ -182,3 +182,44 @@ rule study_tables:
         code=script_code("study_tables.py"),
     script:
         "../scripts/study_tables.py"
+
+
+rule study_contrasts:  # a study with a baseline (studies.<study>.baseline)
+    input:
+        unpack(lambda w: keyed("stats", document_stats_files(w.study))),
+        estimands=results("{study}/tables/estimands.csv"),
+        accuracy=results("{study}/tables/accuracy_documents.parquet"),
+        lock=results("{study}/lock.json"),  # the registration the tables name
+    output:
+        csv=results("{study}/tables/contrasts.csv"),
+        md=results("{study}/tables/contrasts.md"),
+        summary_md=results("{study}/tables/summary.md"),
+        summary_rst=results("{study}/tables/summary.rst"),  # the report's landing page reads it
+        summary_html=report(
+            results("{study}/tables/summary.html"),
+            caption="../report/study_summary.rst",
+            category="Language-model study",
+            subcategory="Against the baseline",
+            labels={"study": "{study}", "table": "summary: each action against the baseline"},
+        ),
+    log:
+        logs("figures/study_contrasts/{study}.log"),
+    benchmark:
+        results("benchmarks/study_contrasts/{study}.tsv")
+    wildcard_constraints:
+        study=wildcard_alternation(baseline_studies(), "no-study"),
+    localrule: True
+    conda:
+        "../../envs/kvdiverge.yaml"
+    params:
+        actions=study_compared_actions,
+        baseline=lambda w: config["studies"][w.study]["baseline"],
+        cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
+        H=config["rollout"]["H"],
+        temperature=config["rollout"]["temperature"],
+        draws=lambda w: config["studies"][w.study]["bootstrap_draws"],
+        level=config["analysis"]["level"],
+        seed=config["seed"],
+        code=script_code("study_contrasts.py"),
+    script:
+        "../scripts/study_contrasts.py"

@@ -17,6 +17,7 @@ from kvdiverge.analysis.accuracy import (  # noqa: E402
 )
 from kvdiverge.analysis.estimands import study_seed  # noqa: E402
 from kvdiverge.analysis.prespecification import read_lock, registration_line  # noqa: E402
+from kvdiverge.io import write_parquet_with_metadata  # noqa: E402
 from kvdiverge.io.trajectories import read_trajectory_metadata  # noqa: E402
 from kvdiverge.models.detokenize import load_decoder  # noqa: E402
 from kvdiverge.plots.accuracy import write_accuracy_figure  # noqa: E402
@@ -26,12 +27,13 @@ logging.getLogger("fontTools").setLevel(logging.WARNING)  # no subsetting lines 
 p, out, study = snakemake.params, snakemake.output, snakemake.wildcards.study
 actions = list(p.actions)
 documents = metric_documents(list(snakemake.input.documents), p.datasets)
-tables = []
+tables, per_document = [], []
 for model, files in p.files.items():
     spec = p.tokenizers[model]
     tokenizer = load_decoder(spec["path"], spec["revision"], spec["trust_remote_code"])
     depth = timing_depth(int(read_trajectory_metadata(files[actions[0]][0])["H"]), p.clock)
     stats = accuracy_document_stats(files, documents, tokenizer, depth)
+    per_document.append(stats.select(pl.lit(model).alias("model"), pl.all()))
     table = accuracy_table(
         stats,
         model=model,
@@ -46,6 +48,8 @@ for model, files in p.files.items():
         log.info("%s %s: accuracy drop %.3f", model, row["action"], row["value"])
     tables.append(table)
 write_accuracy(pl.concat(tables), out.csv)
+# each document's accuracy per model and action: rule study_contrasts pairs its Δ accuracy
+write_parquet_with_metadata(pl.concat(per_document), out.documents, {"study": study})
 tabled = (out.table_csv, out.table_md, out.table_tex, out.table_html)
 write_accuracy_table(
     out.csv, tabled, actions, registration=registration_line(read_lock(snakemake.input.lock))

@@ -1,6 +1,7 @@
 # Helpers of the plan, the locks and the analysis (workflow/rules/analysis.smk;
 # docs/prespecification.md, "Prespecification"; docs/analysis.md, "Analysis").
 from kvdiverge.analysis.prespecification import prespecified_group
+from kvdiverge.pipeline.baselines import baseline_contrasts
 
 
 def study_trajectory_files(study, models, stage):
@@ -81,6 +82,18 @@ def amendment_groups():
     """A regex of every later rollout group's name (rule prespecify_group's `group`)."""
     names = sorted({g for study in config["studies"] for g in later_groups(study)})
     return wildcard_alternation(names, "no-group")
+
+
+def estimand_contrasts(wildcards):
+    """The estimands table's contrasts [b, a] (rows `b - a`): analysis.contrasts (None: every
+    pair of compared actions), and with a study baseline (studies.<study>.baseline) every
+    compared action minus the baseline too (rule study_contrasts reads them)."""
+    given = config["analysis"]["contrasts"].get(wildcards.study)
+    extra = baseline_contrasts(config, wildcards.study)
+    if not extra:
+        return given
+    pairs = study_contrasts(wildcards.study)
+    return pairs + [pair for pair in extra if pair not in pairs]
 
 
 def pinned_K(wildcards):

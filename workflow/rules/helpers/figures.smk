@@ -32,7 +32,8 @@ def family_studies():
 def figures_and_tables_outputs():
     """Figure 1, every study's figures 5 (pooled, and per stratum in the appendix), 6 and the
     decomposition (and figure 7 for a family study), Tables 1-4 in CSV, Markdown, LaTeX and
-    HTML, and the estimands' typed Parquet copy and one-page summary."""
+    HTML, and the estimands' typed Parquet copy and one-page summary; for a study with a
+    baseline, its contrasts against it and their summary sentences (rule study_contrasts)."""
     out = [results(f"theory/figures/fig1_introductory_example.{e}") for e in ("png", "pdf")]
     for study in config["studies"]:
         names = [
@@ -53,4 +54,21 @@ def figures_and_tables_outputs():
             results(f"{study}/tables/estimands_summary.md"),
             results(f"{study}/tables/estimands_summary.html"),
         ]
+        if study in baseline_studies():  # rule study_contrasts
+            out += [results(f"{study}/tables/{n}") for n in STUDY_CONTRAST_FILES]
     return out
+
+
+STUDY_CONTRAST_FILES = (
+    "contrasts.csv",
+    "contrasts.md",
+    "summary.md",
+    "summary.html",
+    "summary.rst",
+)
+
+
+def baseline_studies():
+    """Studies with a baseline (studies.<study>.baseline): rule study_contrasts sets every
+    compared action against it."""
+    return [s for s, spec in config["studies"].items() if spec.get("baseline")]
