@@ -37,8 +37,14 @@ TARGETS = [
 ]
 
 
-def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
+def _snakemake(
+    work: Path, *args: str, pythonpath: Path | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    if pythonpath is not None:  # import (and fingerprint) a copy of the package
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(pythonpath), env.get("PYTHONPATH")) if p
+        )
     snakemake = Path(sys.executable).parent / "snakemake"
     return subprocess.run(
         [
@@ -197,3 +203,32 @@ def test_an_endpoint_changed_after_the_evaluation_stops_the_estimands(analysed, 
         "document_stats": len(config["models"]),
         "estimands": 1,
     }
+
+
+@pytest.mark.slow
+def test_an_edit_to_the_endpoint_code_after_locking_stops_the_estimands(analysed, tmp_path):
+    """The lock registers the fingerprint of the code computing study 2's endpoints: a code edit
+    in a module the estimands script imports (here in a copy of the package) reruns the
+    estimands step, which stops in one line naming the lock, and writes nothing."""
+    work, _, _ = analysed
+    pkg = tmp_path / "pkg"
+    shutil.copytree(
+        ROOT / "src" / "kvdiverge", pkg / "kvdiverge", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    target = "results/study2/tables/estimands.csv"
+    same = _snakemake(work, target, "--allowed-rules", "estimands", pythonpath=pkg)
+    assert same.returncode == 0 and (work / target).exists(), same.stderr[-3000:]  # the same code
+    bootstrap = pkg / "kvdiverge" / "analysis" / "bootstrap.py"
+    bootstrap.write_text(bootstrap.read_text() + "\n_EDITED_AFTER_LOCKING = 1\n")
+    res = _snakemake(work, target, "--allowed-rules", "estimands", pythonpath=pkg)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0
+    lines = [line for line in text.splitlines() if line.startswith("estimands: ")]
+    assert len(lines) == 1, text[-3000:]
+    registered = read_lock(work / "results/study2/lock.json")["endpoints"]["code"]
+    assert lines[0].startswith(
+        "estimands: PrespecificationError: results/study2/lock.json: the code that computes the "
+        "locked endpoints changed after registration (fingerprint "
+    ), lines[0]
+    assert f", registered {registered}); restore it, or register anew: delete " in lines[0]
+    assert not (work / target).exists()
