@@ -204,7 +204,24 @@ def test_a_broken_gather_fails_the_swrb_control_check(tmp_path, monkeypatch):
         run_swrb_job(DOCUMENTS, out, MODEL, actions, cohorts, H=6, seed=3, device="cpu")
         return out["full"]
 
-    check_swrb_control([job("sound")])  # passes
+    sound = job("sound")
+    check_swrb_control([sound])  # passes
+    # item 5 under SWRB: a stratum of one document has no interval, the pooled two have one
+    from kvdiverge.analysis.swrb import swrb_study_table
+    from kvdiverge.io.swrb_records import read_swrb_metadata, read_swrb_records, write_swrb_records
+
+    records = read_swrb_records(sound)
+    first, second = sorted(set(records["doc_id"]))
+    files = {}
+    for stratum, doc in (("a", first), ("b", second)):
+        files[stratum] = tmp_path / f"one-{stratum}.parquet"
+        meta = {**read_swrb_metadata(sound), "n_documents": 1}
+        write_swrb_records(records.filter(pl.col("doc_id") == doc), files[stratum], meta)
+    table = swrb_study_table({"m": {"full": files}}, draws=50)
+    strata = table.filter(pl.col("stratum") != "pooled")
+    assert (strata["n_docs"] == 1).all() and strata["ci_low"].is_nan().all()
+    pooled = table.filter((pl.col("stratum") == "pooled") & (pl.col("estimand") == "R_smc"))
+    assert pooled["n_docs"].to_list() == [2] and pooled["ci_low"].is_finite().all()
     gather = document.gather_prefix
 
     def broken(prefill, kept):
