@@ -350,7 +350,7 @@ def run(
         "decode": dec,
     }
     if baseline:
-        k = max(c["snapkv-half"] for c in shape.counts)
+        k = max(v for c in shape.counts for name, v in c.items() if name != "full")  # K
         out["baseline_path_seconds"] = measure_baseline(model, prompts[0], k, shape.H, eos)
         gemm.append(gemm_rate(model))
     counter.close()
