@@ -65,12 +65,12 @@ def test_nothing_to_do_after_a_run(built):
     "module, expected",
     [
         ("plots/theory.py", {"introductory_figure": 1}),
-        ("finite_state.py", FINITE_STATE_JOBS),
-        ("finite_state_study.py", FINITE_STATE_JOBS),
+        ("theory/finite_state.py", FINITE_STATE_JOBS),
+        ("theory/finite_state_study.py", FINITE_STATE_JOBS),
         ("plots/finite_state.py", {"finite_state_figures": 1}),
         ("plots/base.py", {"finite_state_figures": 1, "introductory_figure": 1}),
         # finite_state reaches risk through identification (KernelPair): found from the imports
-        ("risk.py", {"introductory_figure": 1, **FINITE_STATE_JOBS}),
+        ("theory/risk.py", {"introductory_figure": 1, **FINITE_STATE_JOBS}),
     ],
 )
 def test_module_edit_reruns_exactly_its_rules(built, module, expected):
