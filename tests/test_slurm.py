@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from slurm_cluster import Cluster, slurm_unavailable
-from workflow_helpers import ROOT, SNAKEMAKE, run_snakemake, workflow_copy
+from workflow_helpers import ROOT, SNAKEMAKE, workflow_copy
 
 pytestmark = pytest.mark.slow
 
@@ -109,12 +109,17 @@ def test_slurm_profile_runs_documents_and_rollouts_on_a_real_cluster(tmp_path):
     (tmp_path / "local").mkdir()
     (tmp_path / "cluster").mkdir()
     local = workflow_copy(tmp_path / "local", config="default")
-    start = time.monotonic()
-    res = run_snakemake(local, *targets, *CONFIG)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    print(f"local run: {time.monotonic() - start:.0f} s")
-
     work = workflow_copy(tmp_path / "cluster", config="default")
+    # the local run of the same targets, on one core while the cluster runs (its jobs mostly wait)
+    local_log = tmp_path / "local.log"
+    with open(local_log, "w") as out:
+        local_run = subprocess.Popen(
+            [SNAKEMAKE, *targets, "--cores", "1", "--workflow-profile", "none", *CONFIG],
+            cwd=local,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+        )
     (tmp_path / "partial.yaml").write_text(yaml.safe_dump(SMALL_FINITE_STATE))
     pids: dict[str, int] = {}
     alive: list[str] = []
@@ -145,6 +150,9 @@ def test_slurm_profile_runs_documents_and_rollouts_on_a_real_cluster(tmp_path):
             print(f"SLURM run of the extended config: {time.monotonic() - start:.0f} s")
             assert res.returncode == 0, (res.stdout + res.stderr)[-4000:] + cluster.logs()
             extended_jobs = _jobs_by_rule(cluster)
+    except BaseException:
+        local_run.kill()
+        raise
     finally:  # the daemons are stopped by their pids on leaving `with`, whatever happened
         for name, pid in pids.items():
             try:
@@ -152,7 +160,13 @@ def test_slurm_profile_runs_documents_and_rollouts_on_a_real_cluster(tmp_path):
                 alive.append(f"{name} (pid {pid})")
             except ProcessLookupError:
                 pass
+        try:
+            local_run.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            local_run.kill()
+            local_run.wait()
     assert pids and not alive, alive
+    assert local_run.returncode == 0, local_log.read_text()[-3000:]
 
     print(f"SLURM run: {seconds:.0f} s")
     print(f"scontrol show job of a rollout job:\n{shown}")
