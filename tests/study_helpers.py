@@ -8,11 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import yaml
 
 from kvdiverge.analysis.document_stats import document_stats
 from kvdiverge.analysis.estimands import estimands_table
 from kvdiverge.analysis.prediction import prediction_table
+from kvdiverge.analysis.prespecification import make_lock, prespecified, write_lock
 from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
+from kvdiverge.config import validate_config
+from kvdiverge.eviction import parse_action
 
 MODELS = {"tiny-llama": 100, "tiny-qwen": 200}
 LAMBDAS = {"full": 0.0, "snapkv-512": 0.6, "snapkv-half": 0.2, "recent-half": 0.5}
@@ -21,6 +25,7 @@ CONTROL = "full"
 STRATA = ["helmet-1024", "ruler-1024", "ruler-2048"]
 PAIR = ("snapkv-512", "snapkv-half")
 H = 32
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_study(
@@ -124,3 +129,18 @@ def build_accuracy(folder: Path, lambdas: dict[str, float] = LAMBDAS, draws: int
     outputs = [tables / f"table_accuracy.{e}" for e in ("csv", "md", "tex", "html")]
     write_accuracy_table(csv, outputs, actions)
     write_accuracy_figure(csv, figures / "accuracy.png", figures / "accuracy.pdf", actions)
+
+
+def build_lock(folder: Path, study: str) -> Path:
+    """``folder/lock.json``: a real lock of the default config's ``study`` (no registration
+    record), written as rule prespecify writes one, for rules that name the lock they come from."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    validate_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
+    actions = {
+        name: parse_action({"name": name, **a}).as_dict() for name, a in config["actions"].items()
+    }
+    spec = prespecified(config, study, STRATA, actions)
+    plan = {"study": study, "K": 2, "K_planned": 2, "K_source": "plan", "notes": [], "plans": []}
+    folder.mkdir(parents=True, exist_ok=True)
+    write_lock(make_lock(spec, plan), folder / "lock.json")
+    return folder / "lock.json"

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 import pytest
-from study_helpers import CONTROL, LAMBDAS, STUDY2_LAMBDAS, build_study
+from study_helpers import CONTROL, LAMBDAS, STUDY2_LAMBDAS, build_lock, build_study
 from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.document_stats import Clock
@@ -181,6 +181,7 @@ def test_rules_draw_every_figure_and_table_from_placed_estimands(tmp_path, study
         folder.mkdir(parents=True)
         for f in files:
             shutil.copy(f, folder / f.name)
+        build_lock(work / "results" / study, study)
     fig1 = [f"results/theory/figures/fig1_introductory_example.{e}" for e in ("png", "pdf")]
     figures = {
         study: [

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from study_helpers import STUDY2_LAMBDAS, build_accuracy, build_study
+from study_helpers import STUDY2_LAMBDAS, build_accuracy, build_lock, build_study
 from workflow_helpers import run_snakemake, workflow_copy
 
 TARGETS = [
@@ -71,6 +71,7 @@ def report(tmp_path_factory):
         folder.mkdir(parents=True)
         for f in files:
             shutil.copy(f, folder / f.name)
+        build_lock(work / "results" / study, study)
     build_accuracy(work / "results" / "study1")
     build_accuracy(work / "results" / "study2", STUDY2_LAMBDAS)
     small = root / "small.yaml"
