@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from exact_small import exact_summary, exact_window
 
-from kvdiverge.theory import identification as ident
 from kvdiverge.config import ConfigError, validate_config
+from kvdiverge.theory import identification as ident
 from kvdiverge.theory.coupling import tv
 from kvdiverge.theory.finite_state import (
     FiniteStateKernelPair,

@@ -1,16 +1,17 @@
 """The file contracts (``docs/architecture.md``, "File contracts") and the atomic writes they
 share.
 
-* :mod:`kvdiverge.io.files`: atomic writes, SHA-256, job scratch areas (re-exported here);
+* :mod:`kvdiverge.io.files`: atomic writes and SHA-256 (re-exported here);
 * :mod:`kvdiverge.io.parquet`: verified Parquet files with JSON metadata (page checksums and
   content digests; re-exported here);
+* :mod:`kvdiverge.io.scratch`: a rollout job's scratch area (:class:`JobScratch`, re-exported
+  here);
 * :mod:`kvdiverge.io.documents`: the documents file of a stratum;
 * :mod:`kvdiverge.io.trajectories`: trajectory files (one action, one stratum);
 * :mod:`kvdiverge.io.swrb_records`: SWRB record files.
 """
 
 from kvdiverge.io.files import (
-    JobScratch,
     atomic_path,
     atomic_write_text,
     clean_stale_temporaries,
@@ -24,6 +25,7 @@ from kvdiverge.io.parquet import (
     read_verified_parquet,
     write_parquet_with_metadata,
 )
+from kvdiverge.io.scratch import JobScratch
 
 __all__ = [
     "JobScratch",

@@ -1,7 +1,8 @@
 """Verified Parquet files: what is read back is what was written, or one line naming the file.
 
 The documents, trajectory, SWRB record and document-statistics files (and a rollout job's
-scratch frames) sit on disk for months; a flipped bit must not change a value silently. Parquet's own page checksums (CRC-32 of each page's data) cover the
+scratch frames) sit on disk for months; a flipped bit must not change a value silently.
+Parquet's own page checksums (CRC-32 of each page's data) cover the
 column values but not the page headers, the footer (schema, offsets, statistics) or the
 key-value metadata, so each file also carries two SHA-256 digests of what it decodes to:
 
