@@ -14,9 +14,10 @@ attention"): the gathered one scores each group's queries against its own gather
 (a few rows against thousands of entries: bound by memory), and the masked one
 (:class:`PromptPass`) scores the queries of several groups of one document in ONE product
 against the document's full prompt cache, each group's evicted entries masked out per layer and
-KV head (ragged kept sets included), so the prompt is read once for all those rows at the
-matrix rate; the masked entries cost arithmetic, not memory. Both give each row the same
-softmax over its kept entries, to float rounding.
+KV head (ragged kept sets included), so the prompt is read for those rows together (by the CPU
+flash kernel once per block of 32 or 64 queries) instead of once per group; the masked entries
+cost arithmetic, not memory. Both give each row the same softmax over its kept entries, to float
+rounding; which wins depends on the kept fraction (``RolloutSettings.prompt_attention``).
 """
 
 from __future__ import annotations
