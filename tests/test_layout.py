@@ -157,9 +157,7 @@ def test_analysis_scripts_reach_no_engine(script):
 def test_the_swrb_estimands_job_imports_no_torch():
     """Import every module the SWRB estimands script reaches, in a fresh interpreter."""
     reached = [
-        m
-        for m in imported_modules([SCRIPTS / "swrb_estimands.py"])
-        if module_file(m) is not None
+        m for m in imported_modules([SCRIPTS / "swrb_estimands.py"]) if module_file(m) is not None
     ]
     assert "kvdiverge.analysis.swrb" in reached
     code = (
