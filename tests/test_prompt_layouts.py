@@ -168,8 +168,8 @@ def test_one_pass_per_document_over_its_full_prompt(demo):
         fraction = doc.kept[a.name].ge(0).sum(-1).float().mean() / pre.n
         assert act.masked == (float(fraction) >= MASKED_MIN_FRACTION), a.name
         assert (act.prefix is None) == act.masked  # a masked action holds no gathered copy
-    assert MASKED_MIN_FRACTION == 0.75  # the halves and the small set gathered, the control masked
-    assert [act.masked for act in doc.interventions] == [False, False, False, True]
+    assert MASKED_MIN_FRACTION == 0.25  # the halves and the control masked, the small set gathered
+    assert [act.masked for act in doc.interventions] == [True, True, False, True]
 
 
 def test_masked_pass_equals_gathered_parts_with_ragged_and_empty_heads():

@@ -32,7 +32,7 @@ PROMPT_LAYOUTS = ("auto", "gathered", "masked")
 # ``prompt_attention="auto"``: an action keeping at least this fraction of the prompt (mean over
 # layers and KV heads) joins its document's masked pass over the full prompt; one keeping less
 # attends to its gathered entries (measured: benchmarks/README.md, "Prompt attention layouts")
-MASKED_MIN_FRACTION = 0.75
+MASKED_MIN_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
