@@ -49,6 +49,8 @@ def _expected_jobs() -> dict[str, int]:
         "study_figures": len(studies),
         "study_branch_figure": 1,
         "study_tables": len(studies),
+        # each study names a baseline: its contrasts and summary sentences
+        "study_contrasts": sum(1 for s in studies if PAPER["studies"][s].get("baseline")),
         "accuracy": len(studies),
         "introductory_figure": 1,
         "finite_state_systems": 1,
