@@ -26,7 +26,8 @@ Usage (about 1 minute without the benchmarks)::
     python benchmarks/device_check.py --device cuda --throughput --budgets 192 384 768 1536
     python benchmarks/device_check.py --device cpu --skip-laws --throughput --budgets 24 48 \
         --sweep-docs 6 --throughput-args "--models tiny --lengths 1024 --H 8"   # CPU dry run
-    # the replication's shapes, both prompt layouts (benchmarks/README.md, "Replication shapes")
+    # the replication's shapes, both prompt layouts
+    # (benchmarks/README.md, "The replication's shapes")
     python benchmarks/device_check.py --device cuda --throughput --budgets 192 --throughput-args \
         "--shapes study1 study2 --lengths 4096 8192 --H 128 --layouts gathered auto"
 

@@ -178,7 +178,8 @@ class _Document:
             kept = self.kept[a.name]
             identity = settings.identity_shortcut and mean_kept(kept) == prefill.n
             layout = settings.prompt_attention
-            if layout == "auto":  # by the kept fraction (benchmarks/README.md, "layouts")
+            # auto: by the kept fraction (benchmarks/README.md, "Prompt attention layouts")
+            if layout == "auto":
                 layout = (
                     "masked" if mean_kept(kept) >= MASKED_MIN_FRACTION * prefill.n else "gathered"
                 )
