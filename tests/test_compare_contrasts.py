@@ -182,3 +182,40 @@ def test_contrasts_markdown_one_row_per_action_and_estimand(study):
     value = table.filter((pl.col("action") == "mine") & (pl.col("estimand") == "R_smc"))["value"]
     assert f"{value[0]:.4f}" in md[2]
     assert not any(math.isnan(v) for v in table.filter(pl.col("estimand") == "R_smc")["value"])
+
+
+def _rows(r_low: float, r_high: float) -> pl.DataFrame:
+    """Contrast rows of one action against a baseline, with the R_SMC gap's interval given."""
+
+    def row(estimand, value, low, high, action_value=0.5, baseline_value=0.4):
+        return {
+            "estimand": estimand,
+            "value": value,
+            "ci_low": low,
+            "ci_high": high,
+            "action_value": action_value,
+            "baseline_value": baseline_value,
+        }
+
+    return pl.DataFrame(
+        [
+            row("div_prob", 0.1, 0.0, 0.2),
+            row("mean_entry_time", -1.0, -2.0, 0.5, 10.0, 11.0),
+            row("R_smc", 0.008, r_low, r_high),
+            row("occurrence_share", -0.67, -5.0, 5.0),
+            row("exposure_share", -8.14, -50.0, 50.0),
+            row("rate_share", 9.81, -50.0, 50.0),
+        ]
+    )
+
+
+def test_the_summary_splits_a_gap_only_when_its_interval_excludes_zero():
+    """A gap whose interval includes 0 may be 0: its shares are unbounded (e.g. -814%), so the
+    sentence says why it gives none; a gap away from 0 is split."""
+    from kvdiverge.tables.contrasts import action_sentences
+
+    near_zero = " ".join(action_sentences(_rows(-0.036, 0.052), "mine", "snapkv", 32, "m"))
+    assert "Of that gap" not in near_zero and "-814%" not in near_zero
+    assert "The gap's interval includes 0, so its split" in near_zero
+    away = " ".join(action_sentences(_rows(0.004, 0.012), "mine", "snapkv", 32, "m"))
+    assert "Of that gap, occurrence (paths that diverge at all) accounts for -67%" in away

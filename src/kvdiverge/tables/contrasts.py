@@ -229,7 +229,13 @@ def action_sentences(
         f"{r['action_value']:.3f}, {gap}."
     )
     shares = [100 * by[f"{t}_share"]["value"] for t in ("occurrence", "exposure", "rate")]
-    if r["value"] != 0 and all(math.isfinite(s) for s in shares):
+    covers_zero = r["ci_low"] <= 0 <= r["ci_high"]  # NaN bounds compare False: not covering
+    if covers_zero and r["value"] != 0:
+        out.append(
+            "The gap's interval includes 0, so its split into occurrence, exposure and rate is "
+            "not given (shares of a gap that may be 0 are unbounded)."
+        )
+    elif r["value"] != 0 and all(math.isfinite(s) for s in shares):
         out.append(
             "Of that gap, occurrence (paths that diverge at all) accounts for "
             f"{shares[0]:.0f}%, exposure (how long after divergence) {shares[1]:.0f}% "
