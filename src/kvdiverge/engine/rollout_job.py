@@ -96,8 +96,7 @@ def document_rollouts(
 ) -> Iterator[tuple[str, dict[str, DocumentRollout]]]:
     """``(doc_id, {action name: DocumentRollout})`` per document, in order, as its batches
     finish: :func:`kvdiverge.engine.batches.rollout_documents` over the chat-wrapped prompts, so
-    each
-    model call holds the rows of as many documents as ``settings.max_batch_rows`` allows.
+    each model call holds the rows of as many documents as ``settings.max_batch_rows`` allows.
 
     ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
     mapping does not run it. ``skip(doc_id)``: a document already done (a resumed job).
