@@ -2,7 +2,7 @@
 actions and labels (:mod:`~kvdiverge.compare.actions`), its output folder
 (:mod:`~kvdiverge.compare.folder`), the contrasts against a baseline
 (:mod:`~kvdiverge.compare.contrasts`) and the generations side by side
-(:mod:`~kvdiverge.compare.generations`)."""
+(:mod:`kvdiverge.tables.generations`, which the pipeline's report page uses too)."""
 
 from kvdiverge.compare.actions import CompareError, LabelledAction, parse_action_list, parse_actions
 from kvdiverge.compare.run import CompareResult, compare, planned_files
