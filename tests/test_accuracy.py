@@ -293,3 +293,59 @@ def test_file_decoder_equals_the_tokenizers_decode(tmp_path, model, clean_up, re
         ids = [int(i) for i in ids]
         expected = reference.decode(ids, skip_special_tokens=True)
         assert decoder.decode(ids, skip_special_tokens=True) == expected, ids
+
+
+def _zero_stats() -> pl.DataFrame:
+    """The paths of :data:`PATHS` against answers no generation contains: every score 0."""
+    docs = DOCUMENTS.with_columns(answers=pl.Series([["omega"], ["omega", "delta"]]))
+    metrics = document_metrics(docs, lambda stratum, task: "string_match_all")
+    traj = _trajectories()
+    return accuracy_document_stats({"a": [traj], "b": [traj]}, metrics, WordTokenizer(), DEPTH)
+
+
+def _drawn_points(ax) -> int:
+    """How many estimates a panel draws (one errorbar container each)."""
+    return len(ax.containers)
+
+
+def test_accuracy_figure_and_table_say_so_when_nothing_is_answered(tmp_path):
+    """Item 8 of issue 31: a model none of whose generations answers correctly (every
+    accuracy 0) gets a note in both panels and in the table instead of a plot of zeros."""
+    import matplotlib.pyplot as plt
+
+    from kvdiverge.plots.accuracy import plot_accuracy
+    from kvdiverge.tables.accuracy import nothing_answered, nothing_answered_note
+
+    zero = accuracy_table(_zero_stats(), model="m", actions=["a", "b"], draws=50, seed=1)
+    assert nothing_answered(zero, "m")
+    fig = plot_accuracy(zero, ["a", "b"])
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("no generation answers" in t for t in texts)
+    assert any("nothing to compare by divergence timing" in t for t in texts)
+    assert all(_drawn_points(ax) == 0 for ax in fig.axes)  # no zeros plotted
+    assert not fig.legends  # nothing drawn, nothing to key
+    plt.close(fig)
+    built = accuracy_study_table(zero, ["a", "b"])
+    assert built.notes[0] == nothing_answered_note("m")
+    assert "no generation answers correctly" in render_html(built)
+
+    # some accuracy above 0: the points are drawn and no note is shown
+    some = accuracy_table(_stats(), model="m", actions=["a", "b"], draws=50, seed=1)
+    assert not nothing_answered(some, "m")
+    fig = plot_accuracy(some, ["a", "b"])
+    assert _drawn_points(fig.axes[0]) == 2 and _drawn_points(fig.axes[1]) > 0
+    assert not any("no generation" in t.get_text() for ax in fig.axes for t in ax.texts)
+    assert fig.legends
+    plt.close(fig)
+    assert not any("no generation" in n for n in accuracy_study_table(some, ["a", "b"]).notes)
+
+    # two models, one answering nothing: the note on its row only, the other's points drawn
+    both = pl.concat([zero.with_columns(model=pl.lit("mute")), some])
+    fig = plot_accuracy(both, ["a", "b"])
+    mute, m = fig.axes[:2], fig.axes[2:4]
+    assert all(_drawn_points(ax) == 0 for ax in mute) and _drawn_points(m[0]) == 2
+    assert any("mute: no generation" in t.get_text() for t in mute[1].texts)
+    assert fig.legends
+    plt.close(fig)
+    notes = accuracy_study_table(both, ["a", "b"]).notes
+    assert nothing_answered_note("mute") in notes and nothing_answered_note("m") not in notes

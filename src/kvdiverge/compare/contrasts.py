@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
+from kvdiverge.tables.accuracy import all_zero_or_undefined
 from kvdiverge.tables.contrasts import (
     CONTRAST_ESTIMANDS,
     accuracy_contrasts,
@@ -48,7 +49,7 @@ def _empty_panel_note(rows: pl.DataFrame, estimand: str) -> str | None:
     if not finite:
         return "undefined for every action\n(no divergence to time)"
     sides = [*rows["action_value"].to_list(), *rows["baseline_value"].to_list()]
-    if estimand == "accuracy" and all(v == 0 for v in sides):
+    if estimand == "accuracy" and all_zero_or_undefined(sides):
         return (
             "no generation answers\ncorrectly (accuracy 0%\nfor every action):\nnothing to compare"
         )
@@ -59,7 +60,7 @@ def plot_contrasts(table: pl.DataFrame, styles: dict | None = None):
     """The contrast figure: one panel per headline difference (ΔR_SMC, Δ P(τ ≤ H), Δ mean
     entry time, Δ accuracy), one row per action, point and paired interval, zero marked; the
     actions' names are the rows' labels (left of the first panel), the baseline in the title."""
-    from kvdiverge.plots.base import TEXT_WIDTH, new_figure, series_styles
+    from kvdiverge.plots.base import TEXT_WIDTH, empty_panel, new_figure, series_styles
 
     actions = table["action"].unique(maintain_order=True).to_list()
     baseline = table["baseline"][0]
@@ -72,10 +73,7 @@ def plot_contrasts(table: pl.DataFrame, styles: dict | None = None):
         values = {r["action"]: r for r in rows.iter_rows(named=True)}
         note = _empty_panel_note(rows, estimand)
         if note is not None:  # nothing to draw: say so instead of plotting zeros
-            ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, wrap=True)
-            ax.set_xticks([])
-            ax.set_xlabel(label)
-            ax.grid(visible=False)
+            empty_panel(ax, note, label)
             continue
         for i, action in enumerate(actions):
             r = values.get(action)

@@ -4,7 +4,9 @@ Panel (a): the accuracy drop X − Y per action (full cache minus the action's c
 document-bootstrap intervals), one row per action (long names wrap). Panel (b): on the paths of each
 divergence timing (early τ ≤ d, late d < τ ≤ H, never), the accuracy of the action's generation Y
 (filled markers) and of the full cache's X on the same paths (hollow markers), so a reader sees
-whether early divergence costs more accuracy than late. Reads only the table written by
+whether early divergence costs more accuracy than late. A model none of whose generations answers
+correctly (every accuracy 0 or undefined, :func:`kvdiverge.tables.accuracy.nothing_answered`)
+gets a note in both panels instead of a plot of zeros. Reads only the table written by
 :func:`kvdiverge.analysis.accuracy.write_accuracy`, drawn in the house style
 (:mod:`kvdiverge.plots.base`) with the study's action styles (:func:`kvdiverge.plots.study.
 action_styles`).
@@ -30,6 +32,7 @@ from kvdiverge.plots.base import (  # noqa: E402
     TEXT_WIDTH,
     PercentTicks,
     SeriesStyle,
+    empty_panel,
     figure_legend,
     new_figure,
     save_figure,
@@ -37,10 +40,16 @@ from kvdiverge.plots.base import (  # noqa: E402
 from kvdiverge.plots.study import action_styles  # noqa: E402
 from kvdiverge.plots.study_style import note_missing_intervals  # noqa: E402
 from kvdiverge.tables import StudyTableError, read_estimands, require_estimands  # noqa: E402
+from kvdiverge.tables.accuracy import nothing_answered  # noqa: E402
 
 __all__ = ["plot_accuracy", "write_accuracy_figure"]
 
 _CLASSES = ("early", "late", "never")
+_EMPTY_DROP = "no drop to show:\nno generation answers\ncorrectly (accuracy 0%\nunder every cache)"
+_EMPTY_TIMING = (
+    "{model}: no generation of the full cache or of any action\nanswers correctly "
+    "(task accuracy 0% or undefined on every path):\nnothing to compare by divergence timing"
+)
 
 
 def _rows(table: pl.DataFrame, model: str, estimand: str, action: str, where: str) -> dict:
@@ -107,8 +116,16 @@ def plot_accuracy(
         gridspec_kw={"width_ratios": [1, 2]},
     )
     width = 0.7 / max(len(actions), 1)
+    empty = {m for m in models if nothing_answered(table, m, actions)}
     for i, model in enumerate(models):
         ax_a, ax_b = axes[i]
+        suffix = f", {model}" if len(models) > 1 else ""
+        if model in empty:  # nothing to draw: say so instead of plotting zeros
+            empty_panel(ax_a, _EMPTY_DROP, "accuracy drop X − Y, pp")
+            empty_panel(ax_b, _EMPTY_TIMING.format(model=model), "divergence within H")
+            ax_a.set_title(f"(a) drop against the full cache{suffix}")
+            ax_b.set_title(f"(b) accuracy by divergence timing{suffix}")
+            continue
         drops = [_rows(table, model, "accuracy_drop", a, where) for a in actions]
         for j, action in enumerate(actions):
             _point(ax_a, j, drops[j], styles[action], True, horizontal=True)
@@ -120,7 +137,6 @@ def plot_accuracy(
         ax_a.xaxis.set_major_formatter(PercentTicks(""))
         ax_a.xaxis.set_major_locator(MaxNLocator(4))
         ax_a.set_xlabel("accuracy drop X − Y, pp")
-        suffix = f", {model}" if len(models) > 1 else ""
         ax_a.set_title(f"(a) drop against the full cache{suffix}")
         for k, cls in enumerate(_CLASSES):
             for j, action in enumerate(actions):
@@ -145,6 +161,8 @@ def plot_accuracy(
         ax_b.set_ylabel("task accuracy")
         ax_b.set_xlabel("divergence within H (share: mean over actions)")
         ax_b.set_title(f"(b) accuracy by divergence timing{suffix}")
+    if len(empty) == len(models):
+        return fig  # no series drawn: no legend
     level = sorted({round(float(v), 10) for v in table["ci_level"].to_list()})
     handles = [
         Line2D([], [], marker=styles[a].marker, lw=0, color=styles[a].color, mec=styles[a].color)

@@ -43,6 +43,7 @@ __all__ = [
     "TEXT_WIDTH",
     "PercentTicks",
     "SeriesStyle",
+    "empty_panel",
     "figure_legend",
     "house_style",
     "interval_band",
@@ -153,6 +154,17 @@ def new_figure(
     )
     fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, wspace=0.03, hspace=0.04)
     return fig, axes
+
+
+def empty_panel(ax: plt.Axes, note: str, xlabel: str | None = None) -> None:
+    """A panel with nothing to draw (every value 0 or undefined): ``note`` says so in its
+    centre instead of a plot of zeros; no ticks, no grid, the axis label kept."""
+    ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(visible=False)
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
 
 
 def tick_decimals(values: Iterable[float], scale: float = 100.0, most: int = 4) -> int:

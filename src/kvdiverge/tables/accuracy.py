@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import polars as pl
 
@@ -31,6 +32,36 @@ ACCURACY_MEASURES = (
 )
 
 
+def all_zero_or_undefined(values: Iterable[float | None]) -> bool:
+    """Whether every value is 0, null or NaN (nothing to draw or compare: a model that answers
+    nothing scores 0 under every cache)."""
+    return all(v is None or not math.isfinite(v) or v == 0 for v in values)
+
+
+def nothing_answered(table: pl.DataFrame, model: str, actions: Sequence[str] | None = None) -> bool:
+    """Whether, in the long accuracy table, every pooled task accuracy of ``model`` — of the
+    full cache (``accuracy_x``) and of each action's cache (``accuracy_y``), over ``actions``
+    (default: all) — is 0 or undefined: no generation answers correctly, so every drop is 0 by
+    construction and says nothing of eviction."""
+    rows = table.filter(
+        (pl.col("model") == model)
+        & (pl.col("stratum") == "pooled")
+        & pl.col("estimand").is_in(["accuracy_x", "accuracy_y"])
+    )
+    if actions is not None:
+        rows = rows.filter(pl.col("action").is_in(list(actions)))
+    return all_zero_or_undefined(rows["value"].to_list())
+
+
+def nothing_answered_note(model: str) -> str:
+    """The line that the accuracy table and figure show for a model of :func:`nothing_answered`."""
+    return (
+        f"{model}: no generation answers correctly (task accuracy 0% or undefined under the full "
+        "cache and every action), so every drop is 0 by construction: nothing to compare, not "
+        "evidence that eviction keeps accuracy."
+    )
+
+
 def accuracy_study_table(
     table: pl.DataFrame, actions: Sequence[str] | None = None, where: str = "accuracy"
 ) -> StudyTable:
@@ -39,7 +70,8 @@ def accuracy_study_table(
     and of the action (Y), the drop X − Y, and by divergence timing the share of paths that
     diverged early or late and the drop among them (paths that never diverge have equal X and
     Y, so no drop). Its notes state the two caveats of
-    :data:`kvdiverge.analysis.accuracy.ACCURACY_CAVEATS`."""
+    :data:`kvdiverge.analysis.accuracy.ACCURACY_CAVEATS`, after one line per model that answers
+    nothing (:func:`nothing_answered`, :func:`nothing_answered_note`)."""
     needed = "the accuracy table"
     require_estimands(table, [m.estimand for m in ACCURACY_MEASURES], where, needed)
     actions = list(actions) if actions is not None else actions_in(table)
@@ -65,7 +97,10 @@ def accuracy_study_table(
         records,
         ACCURACY_MEASURES,
     )
-    return dataclasses.replace(built, notes=(*built.notes, *ACCURACY_CAVEATS))
+    empty = tuple(
+        nothing_answered_note(m) for m in models_in(table) if nothing_answered(table, m, actions)
+    )
+    return dataclasses.replace(built, notes=(*empty, *built.notes, *ACCURACY_CAVEATS))
 
 
 def write_accuracy_table(
