@@ -143,6 +143,7 @@ def test_rollout_scripts_reach_no_analysis_code(script):
         "plan_sample_sizes.py",
         "study_tables.py",
         "study_figures.py",
+        "study_sweep_figure.py",
         "swrb_estimands.py",
         "finite_state_systems.py",
         "finite_state_figures.py",

@@ -9,9 +9,10 @@ parse time (``workflow/rules/common.smk``) and raises :class:`ConfigError` with 
   integer in a YAML 1.1 form (``010``, ``1:30``) are errors, never silent coercions;
 * :func:`validate_config`: kinds and ranges of every value (an integer field takes no ``4.0``
   and no ``true``), schema defaults filled in;
-* :func:`check_references`: every name that points at something else (actions, models, the
-  studies' cohorts, controls and rollout groups, contrasts, prediction pairs, figure
-  contrasts, family estimands, the length tokenizer) and every combination that would fail
+* :func:`check_references`: the actions' budget sweeps expanded in place and their labels
+  (:mod:`kvdiverge.pipeline.actions`), every name that points at something else (actions,
+  models, the studies' cohorts, controls and rollout groups, contrasts, prediction pairs,
+  figure contrasts, family estimands, the length tokenizer) and every combination that would fail
   later (the analysis clock against ``rollout.H``, the generation reserve against H, the
   actions' budgets against the strata's prompt lengths, the development documents and
   replicates prediction and planning need, a family size of at least the family's
@@ -33,6 +34,7 @@ import yaml
 
 from kvdiverge.analysis.groups import FIRST_GROUP, action_groups, study_groups
 from kvdiverge.eviction import check_action, keeps_everything
+from kvdiverge.pipeline.actions import actions_problem, selector_entry
 from kvdiverge.pipeline.baselines import baseline_problem
 from kvdiverge.pipeline.configfiles import TEMPLATING_REFUSED, templated
 from kvdiverge.pipeline.decoding import decoding_problem, greedy_replicates
@@ -273,14 +275,10 @@ def _parse_actions(config: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for name, spec in config.get("actions", {}).items():
         try:
-            out[name] = parse_action(spec, name=name)
+            out[name] = parse_action(selector_entry(spec), name=name)  # no label
         except ActionError as exc:
             raise ConfigError(f"config.{exc}".replace("\n", " ")) from exc
     return out
-
-
-def _study_cohort(study: str, spec: Mapping[str, Any]) -> str:
-    return spec.get("cohort", study)
 
 
 def _check_groups(where: str, spec: Mapping[str, Any], control: str) -> None:
@@ -353,7 +351,7 @@ def _check_studies(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
                 f"{where}.actions: expected at least one action besides the control {control!r}"
             )
         _check_groups(where, spec, control)
-        cohort = _study_cohort(study, spec)
+        cohort = spec.get("cohort", study)
         field = f"{where}.cohort" if "cohort" in spec else f"{where} (its cohort is its name)"
         if cohort == "dev":
             raise ConfigError(
@@ -583,7 +581,7 @@ def check_references(config: Mapping[str, Any]) -> None:
     """Resolve every cross-reference of a validated config; :class:`ConfigError` in one line
     naming the field (module docstring lists the checks)."""
     check_generation_reserve(config)
-    if problem := decoding_problem(config) or baseline_problem(config):  # temperature, baselines
+    if problem := actions_problem(config) or decoding_problem(config) or baseline_problem(config):
         raise ConfigError(problem)
     _check_finite_state(config)
     _check_models(config)

@@ -14,6 +14,7 @@ from kvdiverge.engine.preflight import check_configured_models
 from kvdiverge.pipeline.folders import check_writable_folder
 from kvdiverge.datasets import DatasetsConfig
 from kvdiverge.eviction import parse_action
+from kvdiverge.pipeline.actions import selector_entry
 from kvdiverge.analysis.prespecification import prespecified
 
 # Once, before any job: the config files read strictly, every value's kind and range, every
@@ -125,7 +126,10 @@ def study_strata():
 
 # ---- Models, actions, studies and rollout groups (docs/configuration.md, "Models", "Actions"
 # and "Studies"): checked at parse time ------------------------------------------------------
-ROLLOUT_ACTIONS = {name: parse_action(spec, name=name) for name, spec in config["actions"].items()}
+# (a `label` is for display, no selector parameter: kvdiverge.pipeline.actions.selector_entry)
+ROLLOUT_ACTIONS = {
+    name: parse_action(selector_entry(spec), name=name) for name, spec in config["actions"].items()
+}
 
 
 def demo_models():

@@ -80,6 +80,7 @@ rule study_figures:
     params:
         actions=study_compared_actions,
         control=study_control,
+        labels=study_labels,
         code=script_code("study_figures.py"),
     script:
         "../scripts/study_figures.py"
@@ -109,9 +110,40 @@ rule study_branch_figure:
     params:
         actions=study_compared_actions,
         control=study_control,
+        labels=study_labels,
         code=script_code("study_figures.py"),
     script:
         "../scripts/study_figures.py"
+
+
+rule study_sweep_figure:  # a study with a method at two budgets or more
+    input:
+        estimands=results("{study}/tables/estimands.csv"),
+    output:
+        png=report(
+            results("{study}/figures/budget_sweep.png"),
+            caption="../report/study_budget_sweep.rst",
+            category="Language-model study",
+            subcategory="Figures",
+            labels={"study": "{study}", "figure": "S: divergence against the budget"},
+        ),
+        pdf=results("{study}/figures/budget_sweep.pdf"),
+    log:
+        logs("figures/study_sweep_figure/{study}.log"),
+    benchmark:
+        results("benchmarks/study_sweep_figure/{study}.tsv")
+    wildcard_constraints:
+        study=wildcard_alternation(sweep_studies(), "no-sweep-study"),
+    localrule: True
+    conda:
+        "../../envs/kvdiverge.yaml"
+    params:
+        sweep=study_budget_sweep,
+        baseline=lambda w: config["studies"][w.study].get("baseline"),
+        labels=study_labels,
+        code=script_code("study_sweep_figure.py"),
+    script:
+        "../scripts/study_sweep_figure.py"
 
 
 rule study_tables:
@@ -179,6 +211,7 @@ rule study_tables:
     params:
         actions=study_compared_actions,
         main_contrast=study_main_contrast,
+        labels=study_labels,
         code=script_code("study_tables.py"),
     script:
         "../scripts/study_tables.py"
@@ -220,6 +253,7 @@ rule study_contrasts:  # a study with a baseline (studies.<study>.baseline)
         draws=lambda w: config["studies"][w.study]["bootstrap_draws"],
         level=config["analysis"]["level"],
         seed=config["seed"],
+        labels=study_labels,
         code=script_code("study_contrasts.py"),
     script:
         "../scripts/study_contrasts.py"

@@ -13,6 +13,7 @@ from kvdiverge.analysis.prespecification import read_lock, registration_line  # 
 from kvdiverge.io import atomic_write_text, read_verified_parquet  # noqa: E402
 from kvdiverge.pipeline.rule_inputs import keyed_inputs  # noqa: E402
 from kvdiverge.tables.contrasts import (  # noqa: E402
+    labelled,
     render_summary_rst,
     study_contrasts,
     write_study_contrasts,
@@ -37,13 +38,15 @@ table, summary = study_contrasts(
     seed=study_seed(p.seed, study),
     level=p.level,
     temperature=p.temperature,
+    labels=dict(p.labels),  # the sentences name the actions by their labels
 )
 registration = registration_line(read_lock(snakemake.input.lock))
 write_study_contrasts(
-    table, summary, out.csv, out.md, out.summary_md, out.summary_html, registration
+    table, summary, out.csv, out.md, out.summary_md, out.summary_html, registration, dict(p.labels)
 )
 # the report's landing page opens on the headline of each study's summary (workflow.rst)
-atomic_write_text(out.summary_rst, render_summary_rst(table, study, p.H, p.temperature))
+shown = labelled(table, dict(p.labels))
+atomic_write_text(out.summary_rst, render_summary_rst(shown, study, p.H, p.temperature))
 for row in table.filter(table["estimand"] == "R_smc").iter_rows(named=True):
     log.info(
         "%s %s - %s: ΔR_SMC %.4f [%.4f, %.4f]",

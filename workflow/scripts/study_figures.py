@@ -14,5 +14,6 @@ write_study_figures(
     outputs,
     actions=list(snakemake.params.actions),
     control=snakemake.params.control,
+    labels=dict(snakemake.params.labels),  # legends and ticks show the actions' labels
 )
 log.info("wrote %s", ", ".join(outputs))

@@ -21,6 +21,7 @@ built = write_study_tables(
     actions=list(snakemake.params.actions),
     main_contrast=snakemake.params.main_contrast,
     registration=registration,
+    labels=dict(snakemake.params.labels),  # the rendered rows show the actions' labels
 )
 for name, table in built.items():
     log.info("%s: %d rows", name, table.data.height)

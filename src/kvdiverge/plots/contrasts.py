@@ -36,6 +36,7 @@ from kvdiverge.plots.study_style import (  # noqa: E402
     _models_in,
     _percent,
     note_missing_intervals,
+    shown_labels,
 )
 from kvdiverge.tables import (  # noqa: E402
     StudyTableError,
@@ -102,6 +103,7 @@ def plot_branch_endpoints(
     actions: Sequence[str] | None = None,
     styles: Mapping[str, SeriesStyle] | None = None,
     where: str = "estimands",
+    labels: Mapping[str, str] | None = None,
 ) -> plt.Figure:
     """Figure 7: branch contrasts B(a) = late − early branch TV (a) and saturation S_.99 (b)
     per model and action, pooled, with the table's (family-adjusted) intervals; both axes are
@@ -129,7 +131,7 @@ def plot_branch_endpoints(
         Line2D([], [], marker=styles[a].marker, lw=1.3, color=styles[a].color, mec="white")
         for a in actions
     ]
-    figure_legend(fig, handles, list(actions), "action", ncol=6)
+    figure_legend(fig, handles, shown_labels(actions, labels), "action", ncol=6)
     return fig
 
 
@@ -159,11 +161,13 @@ def plot_decomposition(
     table: pl.DataFrame,
     contrasts: Sequence[str] | None = None,
     where: str = "estimands",
+    labels: Mapping[str, str] | None = None,
 ) -> plt.Figure:
     """Decomposition bars: ΔR_SMC = occurrence + exposure + rate terms per contrast and model,
     pooled; stacked hatched terms (positive up, negative down), ΔR_SMC with its interval as a
     black marker, and each term's share of ΔR_SMC printed on its segment — only where the
-    interval of ΔR_SMC excludes 0 (otherwise the share is unbounded and left out)."""
+    interval of ΔR_SMC excludes 0 (otherwise the share is unbounded and left out). A contrast
+    ``b - a`` is shown by its actions' labels (``labels``, default their names)."""
     terms = tuple(TERM_STYLES)
     need = ["R_smc", *(f"gap_{t}" for t in terms), *(f"{t}_share" for t in terms)]
     require_estimands(table, need, where, "the decomposition figure")
@@ -180,7 +184,7 @@ def plot_decomposition(
     fig, axes = new_figure(width, 3.1, 1, len(models), sharey=True)
     axis_span = _stack_span(rows, terms)
     # tick labels wrapped to their slot; a common subtrahend (a baseline) said once, below
-    sides = [c.split(" - ", 1) for c in contrasts]
+    sides = [shown_labels(c.split(" - ", 1), labels) for c in contrasts]
     common = sides[0][1] if all(len(x) == 2 and x[1] == sides[0][1] for x in sides) else None
     chars = max(8, int((width - 0.8) / len(models) / len(contrasts) * 13))
 

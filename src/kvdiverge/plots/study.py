@@ -136,10 +136,12 @@ def plot_divergence_cdf(
     actions: Sequence[str] | None = None,
     styles: Mapping[str, SeriesStyle] | None = None,
     where: str = "estimands",
+    labels: Mapping[str, str] | None = None,
 ) -> plt.Figure:
     """Figure 5: the divergence CDF P(τ ≤ t), all strata pooled, one panel per model, one line
-    per action, with the table's pointwise intervals as outlined bands. One column wide; the
-    per-stratum curves are :func:`plot_divergence_cdf_strata`."""
+    per action (shown as its label, ``labels``), with the table's pointwise intervals as
+    outlined bands. One column wide; the per-stratum curves are
+    :func:`plot_divergence_cdf_strata`."""
     actions = list(actions) if actions is not None else _actions_in(table)
     styles = _complete_styles(styles, actions)
     rows = _cdf_rows(table, actions, where, "figure 5")
@@ -160,7 +162,9 @@ def plot_divergence_cdf(
         ax.set_ylabel(r"$P(\tau \leq t)$")
     axes[-1][0].set_xlabel("generation step $t$")
     level = _level_label(pooled["ci_level"].to_list())
-    _action_legend(fig, actions, styles, f"action (bands: pointwise {level} intervals)", ncol=3)
+    _action_legend(
+        fig, actions, styles, f"action (bands: pointwise {level} intervals)", labels, ncol=3
+    )
     return fig
 
 
@@ -169,6 +173,7 @@ def plot_divergence_cdf_strata(
     actions: Sequence[str] | None = None,
     styles: Mapping[str, SeriesStyle] | None = None,
     where: str = "estimands",
+    labels: Mapping[str, str] | None = None,
 ) -> plt.Figure:
     """Figure 5 per stratum (appendix): the divergence CDF of every model (columns) and stratum
     (rows), drawn as :func:`plot_divergence_cdf` draws the pooled curves; the text width wide.
@@ -205,7 +210,9 @@ def plot_divergence_cdf_strata(
     for ax in flat[len(panels) :]:
         ax.set_visible(False)
     level = _level_label(shown["ci_level"].to_list())
-    _action_legend(fig, actions, styles, f"action (bands: pointwise {level} intervals)", ncol=6)
+    _action_legend(
+        fig, actions, styles, f"action (bands: pointwise {level} intervals)", labels, ncol=6
+    )
     return fig
 
 
@@ -214,6 +221,7 @@ def plot_tv_profiles(
     actions: Sequence[str] | None = None,
     styles: Mapping[str, SeriesStyle] | None = None,
     where: str = "estimands",
+    labels: Mapping[str, str] | None = None,
 ) -> plt.Figure:
     """Figure 6: generation-clock E[δ_t] (left) and divergence-clock branch TV b_j =
     E[δ_{τ+j} | τ ≤ d] (right) per model (rows), pooled, with pointwise intervals; the
@@ -282,7 +290,9 @@ def plot_tv_profiles(
             ax.set_ylabel(ylabel)
             ax.set_title(f"({next(letters)}) {model}: {title}")
     level = _level_label(pl.concat(shown)["ci_level"].to_list())
-    _action_legend(fig, actions, styles, f"action (bands: pointwise {level} intervals)", ncol=6)
+    _action_legend(
+        fig, actions, styles, f"action (bands: pointwise {level} intervals)", labels, ncol=6
+    )
     return fig
 
 
@@ -292,6 +302,7 @@ def write_study_figures(
     actions: Sequence[str] | None = None,
     palette_actions: Sequence[str] | None = None,
     control: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> None:
     """Draw the requested study figures from ``estimands.csv`` and write each as PNG and PDF.
 
@@ -299,8 +310,9 @@ def write_study_figures(
     actions (default: all in the table; pass the study's compared actions to leave out the
     control); ``palette_actions`` fixes the order in which actions take their styles (default:
     ``actions``, so that a study's first two actions are the high-contrast pair; ``control`` is
-    drawn grey and takes no position). Every figure is drawn before any file is written, so a
-    missing estimand leaves no partial output.
+    drawn grey and takes no position); ``labels``: what legends and tick labels show for each
+    action (its ``config.actions.<name>.label``; default its name). Every figure is drawn
+    before any file is written, so a missing estimand leaves no partial output.
     """
     unknown = sorted(set(outputs) - set(FIGURES))
     if unknown:
@@ -315,13 +327,15 @@ def write_study_figures(
     plotted = list(actions) if actions is not None else _actions_in(table)
     styles = action_styles(list(palette_actions or plotted), control)
     draw = {
-        "fig5_divergence_cdf": lambda: plot_divergence_cdf(table, plotted, styles, where),
+        "fig5_divergence_cdf": lambda: plot_divergence_cdf(table, plotted, styles, where, labels),
         "fig5_divergence_cdf_strata": lambda: plot_divergence_cdf_strata(
-            table, plotted, styles, where
+            table, plotted, styles, where, labels
         ),
-        "fig6_tv_profiles": lambda: plot_tv_profiles(table, plotted, styles, where),
-        "fig7_branch_contrasts": lambda: plot_branch_endpoints(table, plotted, styles, where),
-        "decomposition": lambda: plot_decomposition(table, None, where),
+        "fig6_tv_profiles": lambda: plot_tv_profiles(table, plotted, styles, where, labels),
+        "fig7_branch_contrasts": lambda: plot_branch_endpoints(
+            table, plotted, styles, where, labels
+        ),
+        "decomposition": lambda: plot_decomposition(table, None, where, labels),
     }
     figures = {}
     try:

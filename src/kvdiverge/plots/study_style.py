@@ -182,10 +182,23 @@ def _percent(ax: plt.Axes, symbol: str = "%") -> None:
 
 
 def _action_legend(
-    fig: plt.Figure, actions: Sequence[str], styles: Mapping[str, SeriesStyle], title: str, **kw
+    fig: plt.Figure,
+    actions: Sequence[str],
+    styles: Mapping[str, SeriesStyle],
+    title: str,
+    labels: Mapping[str, str] | None = None,
+    **kw,
 ) -> None:
+    """The figure's legend of ``actions``, each shown as its label (``labels``, default its
+    name)."""
     handles = [Line2D([], [], lw=1.6, **styles[a].line()) for a in actions]
-    figure_legend(fig, handles, list(actions), title, **kw)
+    figure_legend(fig, handles, shown_labels(actions, labels), title, **kw)
+
+
+def shown_labels(actions: Sequence[str], labels: Mapping[str, str] | None) -> list[str]:
+    """What a figure shows for each action: its label (``config.actions.<name>.label``,
+    :func:`kvdiverge.pipeline.actions.action_labels`), else its name."""
+    return [str((labels or {}).get(a, a)) for a in actions]
 
 
 def _interval_values(rows: pl.DataFrame) -> np.ndarray:

@@ -389,12 +389,14 @@ def study_contrasts(
     seed: int,
     level: float,
     temperature: float,
+    labels: Mapping[str, str] | None = None,
 ) -> tuple[pl.DataFrame, str]:
     """A pipeline study's ``contrasts.csv`` (``model`` first, then :data:`CONTRAST_COLUMNS`)
     and ``summary.md`` (a section per model): every compared action minus ``baseline`` under
     each model, from the study's estimands table and, per model, its document statistics
     (``stats``, every cohort; the evaluation ``cohort``'s enter, as in the estimands table)
-    and its documents' task accuracy (``acc_stats``; None: no Δ accuracy)."""
+    and its documents' task accuracy (``acc_stats``; None: no Δ accuracy). The sentences name
+    each action by its label (``labels``, default its name); the table keeps the names."""
     tables, texts = [], []
     for model, model_stats in stats.items():
         own = estimands.filter(pl.col("model") == model)
@@ -409,10 +411,21 @@ def study_contrasts(
         )
         tables.append(table.select(pl.lit(model).alias("model"), pl.all()))
         metric = "each source's metric"
+        shown = labelled(table, labels)
         texts.append(
-            contrast_sentences(table, H, metric, temperature, model=model, unit="documents")
+            contrast_sentences(shown, H, metric, temperature, model=model, unit="documents")
         )
     return pl.concat(tables), "\n".join(texts)
+
+
+def labelled(table: pl.DataFrame, labels: Mapping[str, str] | None) -> pl.DataFrame:
+    """A contrast table with its ``action`` and ``baseline`` shown as their labels (a study's
+    ``config.actions.<name>.label``; an action without one keeps its name)."""
+    if not labels:
+        return table
+    return table.with_columns(
+        pl.col("action").replace(dict(labels)), pl.col("baseline").replace(dict(labels))
+    )
 
 
 def summary_paragraphs(summary: str) -> list[tuple[str, str]]:
@@ -456,16 +469,18 @@ def write_study_contrasts(
     summary_md: str | os.PathLike,
     summary_html: str | os.PathLike,
     registration: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> None:
     """A study's ``contrasts.{csv,md}``, ``summary.md`` and ``summary.html`` (rule
     study_contrasts), each written atomically; ``registration``: the lock's registration line,
-    under the Markdown and HTML renderings."""
+    under the Markdown and HTML renderings; ``labels``: the actions' labels, which the
+    Markdown table shows (the CSV keeps the names)."""
     from kvdiverge.io import atomic_path, atomic_write_text
 
     with atomic_path(csv, suffix=".csv") as tmp:
         table.write_csv(tmp)
     note = f"\n{registration}\n" if registration else ""
-    atomic_write_text(md, render_contrasts(table) + note)
+    atomic_write_text(md, render_contrasts(labelled(table, labels)) + note)
     atomic_write_text(summary_md, summary.rstrip("\n") + "\n" + note)
     atomic_write_text(summary_html, render_summary_html(summary, registration))
 

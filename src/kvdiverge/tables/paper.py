@@ -75,13 +75,35 @@ TABLE4_QUANTITIES = (
 _OBSERVATION_LABELS = {"positions_1_32": "early positions", "fixed_history": "fixed history"}
 
 
+def shown_action(action: str, labels: Mapping[str, str] | None) -> str:
+    """What a table shows for an action: its label (``config.actions.<name>.label``), else its
+    name."""
+    return str((labels or {}).get(action, action))
+
+
+def shown_contrast(contrast: str, labels: Mapping[str, str] | None) -> str:
+    """A contrast ``b - a`` as a table shows it: each side by its label."""
+    return " - ".join(shown_action(part, labels) for part in contrast.split(" - ", 1))
+
+
+def _shown_keys(built: StudyTable, column: int, shown) -> StudyTable:
+    """``built`` with its rendered key column ``column`` passed through ``shown`` (the CSV
+    keeps the names, the join keys of ``estimands.csv``)."""
+    rows = [[*r[:column], shown(r[column]), *r[column + 1 :]] for r in built.rows]
+    return dataclasses.replace(built, rows=rows)
+
+
 def table1_timing(
-    table: pl.DataFrame, actions: Sequence[str] | None = None, where: str = "estimands"
+    table: pl.DataFrame,
+    actions: Sequence[str] | None = None,
+    where: str = "estimands",
+    labels: Mapping[str, str] | None = None,
 ) -> StudyTable:
     """Table 1: timing and occupation per model × action, pooled.
 
     ``actions`` (default: every action of the table) fixes rows and order; pass the study's
-    compared actions to leave out the full-retention control.
+    compared actions to leave out the full-retention control. ``labels``: what the rendered
+    rows show for each action (default its name; the CSV keeps the name).
     """
     needed = "table 1"
     counts = (Measure("branch_cohort_docs", "cohort docs", COUNT),)
@@ -105,15 +127,20 @@ def table1_timing(
         "documents and paths. Percent of the horizon; document-bootstrap intervals."
     )
     measures = TABLE1_MEASURES + counts
-    return measure_table(
+    built = measure_table(
         "table1", caption, [("model", "Model"), ("action", "Action")], records, measures
     )
+    return _shown_keys(built, 1, lambda a: shown_action(a, labels))
 
 
 def table2_decomposition(
-    table: pl.DataFrame, contrasts: Sequence[str] | None = None, where: str = "estimands"
+    table: pl.DataFrame,
+    contrasts: Sequence[str] | None = None,
+    where: str = "estimands",
+    labels: Mapping[str, str] | None = None,
 ) -> StudyTable:
-    """Table 2: ΔR_SMC = occurrence + exposure + rate terms, with shares, pooled."""
+    """Table 2: ΔR_SMC = occurrence + exposure + rate terms, with shares, pooled (the rendered
+    contrasts by their actions' labels)."""
     needed = "table 2"
     require_estimands(table, [m.estimand for m in TABLE2_MEASURES], where, needed)
     contrasts = list(contrasts) if contrasts is not None else contrasts_in(table)
@@ -133,7 +160,7 @@ def table2_decomposition(
         "empirical moments; each share divides its term by ΔR_SMC. Document-bootstrap "
         "intervals, paired across actions."
     )
-    return measure_table(
+    built = measure_table(
         "table2",
         caption,
         [("model", "Model"), ("contrast", "Contrast")],
@@ -141,10 +168,14 @@ def table2_decomposition(
         TABLE2_MEASURES,
         shares=("occurrence_share", "exposure_share", "rate_share"),
     )
+    return _shown_keys(built, 1, lambda c: shown_contrast(c, labels))
 
 
 def table3_strata(
-    table: pl.DataFrame, contrast: str | None = None, where: str = "estimands"
+    table: pl.DataFrame,
+    contrast: str | None = None,
+    where: str = "estimands",
+    labels: Mapping[str, str] | None = None,
 ) -> StudyTable:
     """Table 3: the main contrast per model × stratum (pooled last), with B(a) of both actions.
 
@@ -189,14 +220,14 @@ def table3_strata(
                 }
             records.append(rec)
     measures = TABLE3_CONTRAST_MEASURES + (
-        Measure("B_minuend", f"B: {b}", PP),
-        Measure("B_subtrahend", f"B: {a}", PP),
+        Measure("B_minuend", f"B: {shown_action(b, labels)}", PP),
+        Measure("B_subtrahend", f"B: {shown_action(a, labels)}", PP),
     )
     caption = (
-        f"The contrast {contrast} per stratum (pooled last): ΔR_SMC, its exposure term and "
-        "share, the generation-clock change Δg = g(last block) − g(first block), Δ(R − F), and "
-        "each action's branch contrast B = late − early branch TV within its fixed branch "
-        "cohort. Percentage points; document-bootstrap intervals."
+        f"The contrast {shown_contrast(contrast, labels)} per stratum (pooled last): ΔR_SMC, "
+        "its exposure term and share, the generation-clock change Δg = g(last block) − "
+        "g(first block), Δ(R − F), and each action's branch contrast B = late − early branch "
+        "TV within its fixed branch cohort. Percentage points; document-bootstrap intervals."
     )
     built = measure_table(
         "table3",
@@ -222,6 +253,7 @@ def table4_uncalibrated(
     prediction: pl.DataFrame | None = None,
     contrast: str | None = None,
     where: str = "estimands",
+    labels: Mapping[str, str] | None = None,
 ) -> StudyTable:
     """Table 4: uncalibrated contrasts of the main contrast, then its predictions.
 
@@ -326,11 +358,11 @@ def table4_uncalibrated(
             row.append(shown)
         rows.append(row)
     caption = (
-        f"Uncalibrated contrasts for {contrast} (pp): full-horizon rollout-TV gap ΔR, "
-        "fixed-history gap ΔF, flat extrapolation of the early-position mismatch, and their "
-        "differences; then the development-selected aggregate predictions of the contrast "
-        "(error of the predicted population-average contrast with its interval and the "
-        "equivalence decision, and document-contrast MAE and RMSE)."
+        f"Uncalibrated contrasts for {shown_contrast(contrast, labels)} (pp): full-horizon "
+        "rollout-TV gap ΔR, fixed-history gap ΔF, flat extrapolation of the early-position "
+        "mismatch, and their differences; then the development-selected aggregate predictions "
+        "of the contrast (error of the predicted population-average contrast with its interval "
+        "and the equivalence decision, and document-contrast MAE and RMSE)."
     )
     columns = (Column("Quantity, pp"), *(Column(m) for m in models))
     header = [c.header for c in columns]
@@ -344,6 +376,7 @@ def write_study_tables(
     actions: Sequence[str] | None = None,
     main_contrast: str | None = None,
     registration: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, StudyTable]:
     """Build Tables 1–4 of one study and write each as CSV, Markdown, LaTeX (and HTML).
 
@@ -352,7 +385,8 @@ def write_study_tables(
     ``main_contrast``: Tables 3–4's contrast (default: the first). Every input is read and
     every table built before anything is written. ``registration``: a note under every table
     saying which registration of the study's lock the estimands come from
-    (:func:`kvdiverge.analysis.prespecification.registration_line`).
+    (:func:`kvdiverge.analysis.prespecification.registration_line`). ``labels``: what the
+    rendered tables show for each action (``config.actions.<name>.label``; default its name).
     """
     unknown = sorted(set(outputs) - {"table1", "table2", "table3", "table4"})
     if unknown:
@@ -365,10 +399,10 @@ def write_study_tables(
         if absent:
             raise StudyTableError(f"{where}: no rows for action {absent[0]!r}")
     built = {
-        "table1": table1_timing(table, actions, where),
-        "table2": table2_decomposition(table, None, where),
-        "table3": table3_strata(table, main_contrast, where),
-        "table4": table4_uncalibrated(table, prediction, main_contrast, where),
+        "table1": table1_timing(table, actions, where, labels),
+        "table2": table2_decomposition(table, None, where, labels),
+        "table3": table3_strata(table, main_contrast, where, labels),
+        "table4": table4_uncalibrated(table, prediction, main_contrast, where, labels),
     }
     if registration:
         built = {

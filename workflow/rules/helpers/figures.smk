@@ -1,5 +1,23 @@
 # Helpers of the figures and tables (workflow/rules/figures.smk; docs/analysis.md, "Figures and
 # tables"): per-study settings and the files of the default target.
+from kvdiverge.pipeline.actions import action_labels, budget_sweeps
+
+
+def study_labels(wildcards):
+    """The study's actions' display labels by name (`actions.<name>.label`, else the name;
+    kvdiverge.pipeline.actions): what its figures and tables show."""
+    return action_labels(config, config["studies"][wildcards.study]["actions"])
+
+
+def sweep_studies():
+    """Studies with a method at two budgets or more among their compared actions (a budget
+    sweep, or actions written one by one): they get the budget-sweep figure."""
+    return [s for s in config["studies"] if budget_sweeps(config, s)]
+
+
+def study_budget_sweep(wildcards):
+    """The study's swept actions: name -> (method as the figure names it, budget)."""
+    return budget_sweeps(config, wildcards.study)
 
 
 def study_main_contrast(wildcards):
@@ -31,7 +49,8 @@ def family_studies():
 
 def figures_and_tables_outputs():
     """Figure 1, every study's figures 5 (pooled, and per stratum in the appendix), 6 and the
-    decomposition (and figure 7 for a family study), Tables 1-4 in CSV, Markdown, LaTeX and
+    decomposition (and figure 7 for a family study, the budget-sweep figure for a study with
+    a method at two budgets or more), Tables 1-4 in CSV, Markdown, LaTeX and
     HTML, and the estimands' typed Parquet copy and one-page summary; for a study with a
     baseline, its contrasts against it and their summary sentences (rule study_contrasts)."""
     out = [results(f"theory/figures/fig1_introductory_example.{e}") for e in ("png", "pdf")]
@@ -43,6 +62,7 @@ def figures_and_tables_outputs():
             "decomposition",
         ]
         names += ["fig7_branch_contrasts"] if study in family_studies() else []
+        names += ["budget_sweep"] if study in sweep_studies() else []  # rule study_sweep_figure
         out += [results(f"{study}/figures/{n}.{e}") for n in names for e in ("png", "pdf")]
         out += [
             results(f"{study}/tables/table{i}.{e}")

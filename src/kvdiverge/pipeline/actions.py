@@ -1,0 +1,238 @@
+"""Two forms of a config's ``actions.<name>`` entry besides its selector, budget and parameters
+(issue 31, items 1 and 5; ``docs/configuration.md``, "Actions"): a display ``label``, and a
+budget sweep ``budgets``. Both are handled once at parse time by
+:func:`kvdiverge.config.check_config` (:func:`actions_problem`, after the schema check).
+
+* ``label``: free text of at most :data:`MAX_LABEL` printable characters that the study's
+  figures (legends, tick labels) and tables (rows, headers, summary sentences) show in place of
+  the action's name. The name (the mapping key) still names files, folders and wildcards and is
+  the ``action`` of ``estimands.csv``, so a label never reaches a path and relabelling reruns no
+  rollout (the label is no selector parameter: :func:`selector_entry` leaves it out of the
+  action's spec, its lock and its trajectory metadata). Labels are distinct across actions
+  (each against the others' labels or, without one, names) and hold no ``" - "``, the separator
+  of a contrast's two actions (``"b - a"``).
+* ``budgets``: a list of distinct budgets (fractions in (0, 1] or token counts >= 1) in place of
+  ``budget``. The entry expands, in place, into one action per budget named ``<name>@<budget>``
+  (``snapkv-sweep@0.25``; a valid name whenever ``<name>`` is, ``kvdiverge.pipeline.names``),
+  each the entry with that ``budget`` (and the label ``<label>@<budget>`` when the entry has a
+  label); a study's ``actions`` and ``groups`` that name the sweep name all its actions there,
+  in budget order. An expanded config holds no sweep, so expanding again changes nothing.
+
+:func:`budget_sweeps` finds, among a study's compared actions, every method (the selector and
+its parameters, budget aside) run at two budgets or more, for the study's sweep figure
+(:mod:`kvdiverge.plots.sweep`), whether the actions came from a sweep or were written one by one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "DISPLAY_KEYS",
+    "MAX_LABEL",
+    "action_labels",
+    "actions_problem",
+    "budget_sweeps",
+    "budget_text",
+    "selector_entry",
+]
+
+MAX_LABEL = 40
+"""The longest label (characters)."""
+DISPLAY_KEYS = ("label",)
+"""Keys of an action entry that are no selector parameter."""
+_BUDGETS = "a non-empty list of distinct budgets (fractions in (0, 1] or token counts >= 1)"
+
+
+def selector_entry(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The action entry without its display keys: what ``kvdiverge.eviction.parse_action``
+    reads (selector, budget and the selector's parameters)."""
+    return {k: v for k, v in spec.items() if k not in DISPLAY_KEYS}
+
+
+def budget_text(budget: float | int) -> str:
+    """A budget as it appears in an expanded name: ``0.25``, ``512``."""
+    return repr(budget)
+
+
+def _is_budget(b: Any) -> bool:
+    if isinstance(b, bool):
+        return False
+    return (isinstance(b, float) and 0 < b <= 1) or (isinstance(b, int) and b >= 1)
+
+
+def _sweep_problem(name: str, spec: Mapping[str, Any]) -> str | None:
+    where = f"config.actions.{name}"
+    if "budget" in spec:
+        return f"{where}: expected `budget` (one action) or `budgets` (a sweep), not both"
+    budgets = spec["budgets"]
+    if (
+        not isinstance(budgets, list)
+        or not budgets
+        or not all(_is_budget(b) for b in budgets)
+        or len({(type(b), b) for b in budgets}) < len(budgets)
+    ):
+        return f"{where}.budgets: expected {_BUDGETS}, got {budgets!r}"
+    return None
+
+
+def _expand(config: dict[str, Any], origin: dict[str, str]) -> str | None:
+    """Expand the sweeps in place, recording each expanded action's sweep in ``origin``."""
+    actions = config.get("actions")
+    if not isinstance(actions, dict) or not any(
+        isinstance(s, Mapping) and "budgets" in s for s in actions.values()
+    ):
+        return None
+    expanded: dict[str, Any] = {}
+    sweeps: dict[str, list[str]] = {}
+    for name, spec in actions.items():
+        if not (isinstance(spec, Mapping) and "budgets" in spec):
+            continue
+        if problem := _sweep_problem(name, spec):
+            return problem
+        sweeps[name] = []
+        for b in spec["budgets"]:
+            entry = {k: v for k, v in spec.items() if k != "budgets"} | {"budget": b}
+            if "label" in spec:
+                entry["label"] = f"{spec['label']}@{budget_text(b)}"
+            own = f"{name}@{budget_text(b)}"
+            if own in actions or own in expanded:
+                return (
+                    f"config.actions.{name}: its budget {budget_text(b)} is named {own!r}, "
+                    "which is already an action; rename one"
+                )
+            expanded[own] = entry
+            sweeps[name].append(own)
+            origin[own] = name
+    out: dict[str, Any] = {}
+    for name, spec in actions.items():
+        out |= {own: expanded[own] for own in sweeps[name]} if name in sweeps else {name: spec}
+    config["actions"] = out
+
+    def replaced(names: Any) -> Any:
+        if not isinstance(names, list):
+            return names
+        return [own for n in names for own in (sweeps.get(n, [n]) if isinstance(n, str) else [n])]
+
+    for study, spec in (config.get("studies") or {}).items():
+        if not isinstance(spec, dict):
+            continue
+        spec["actions"] = replaced(spec.get("actions"))
+        for group, members in (spec.get("groups") or {}).items():
+            spec["groups"][group] = replaced(members)
+        for key in ("control", "baseline"):
+            if spec.get(key) in sweeps:
+                return (
+                    f"config.studies.{study}.{key}: {spec[key]!r} is a budget sweep; expected "
+                    f"one action, e.g. {sweeps[spec[key]][0]!r}"
+                )
+    return None
+
+
+def _label_problem(
+    actions: Mapping[str, Any], origin: Mapping[str, str], unique: bool = True
+) -> str | None:
+    seen: dict[str, str] = {}
+    for name, spec in actions.items():
+        if "label" not in spec:
+            continue
+        label = spec["label"]
+        where = f"config.actions.{origin.get(name, name)}.label"
+        expected = f"a non-empty string of at most {MAX_LABEL} printable characters"
+        if not isinstance(label, str) or not label.strip() or not label.isprintable():
+            return f"{where}: expected {expected}, got {label!r}"
+        if len(label) > MAX_LABEL:
+            return f"{where}: expected {expected}, got {len(label)} characters ({label!r})"
+        if " - " in label:
+            return (
+                f"{where}: expected a label without ' - ' (it separates the two actions of a "
+                f"contrast), got {label!r}"
+            )
+    for name, spec in actions.items() if unique else ():
+        shown = spec.get("label", name)
+        if shown in seen:
+            labelled, other = (name, seen[shown]) if "label" in spec else (seen[shown], name)
+            return (
+                f"config.actions.{origin.get(labelled, labelled)}.label: {shown!r} is also the "
+                f"{'label' if 'label' in actions[other] else 'name'} of action {other!r}; "
+                "expected a label unique across actions"
+            )
+        seen[shown] = name
+    return None
+
+
+def actions_problem(config: dict[str, Any]) -> str | None:
+    """Expand the budget sweeps of a schema-checked ``config`` in place, then check every label;
+    the one line refusing either (naming ``config.actions.<name>.budgets`` or ``.label``), or
+    None (module docstring). A sweep's labels are checked as expanded (``<label>@<budget>``)."""
+    actions = config.get("actions")
+    if not isinstance(actions, Mapping):
+        return None
+    if problem := _label_problem(actions, {}, unique=False):  # a sweep's own label first
+        return problem
+    origin: dict[str, str] = {}
+    if problem := _expand(config, origin):
+        return problem
+    return _label_problem(config["actions"], origin)
+
+
+def action_labels(config: Mapping[str, Any], names: Any = None) -> dict[str, str]:
+    """Each action's display label by name (its ``label``, else its name); ``names`` limits
+    and orders them (default: every configured action)."""
+    actions = config.get("actions", {})
+    names = list(actions) if names is None else list(names)
+    return {n: str(actions.get(n, {}).get("label", n)) for n in names}
+
+
+def _method(spec: Mapping[str, Any]) -> str:
+    """The method of an action entry: its selector and parameters, budget and label aside, as
+    text (``snapkv``, ``recent+sinks=2``)."""
+    params = {k: v for k, v in spec.items() if k not in ("selector", "budget", *DISPLAY_KEYS)}
+    parts = [f"{k}={json.dumps(v, sort_keys=True, default=str)}" for k, v in params.items()]
+    return "+".join([str(spec.get("selector")), *parts])
+
+
+def budget_sweeps(config: Mapping[str, Any], study: str) -> dict[str, tuple[str, float | int]]:
+    """The study's compared actions (not its control) whose method runs at two budgets or more:
+    action name -> (the method's name in the figure, budget), in the study's order.
+
+    A method is the selector with its parameters (budget and label aside), its budgets of one
+    kind: fractions of the prompt or token counts (``snapkv-512`` and ``snapkv-half`` are no
+    sweep); where a study sweeps methods over fractions, its token-count sweeps are left out of
+    the figure (one x axis: the kept percentage). It is named by what its actions' labels (or
+    names) share before ``@<budget>`` when they all share it (``snapkv-sweep`` for
+    ``snapkv-sweep@0.25`` and ``snapkv-sweep@0.5``, or the sweep's own label), else by the
+    method itself (``snapkv``, ``recent+sinks=2``). An action repeating a budget its method
+    already has is left out (the first in the study's order stays)."""
+    spec = config["studies"][study]
+    actions = config.get("actions", {})
+    labels = action_labels(config)
+    control = spec.get("control", "full")
+    by_method: dict[tuple[str, str], dict[float | int, str]] = {}
+    for name in spec["actions"]:
+        entry = actions[name]
+        budget = entry.get("budget")
+        if name == control or budget is None or entry.get("selector") == "full":
+            continue
+        kind = "fraction" if isinstance(budget, float) else "tokens"
+        by_method.setdefault((_method(entry), kind), {}).setdefault(budget, name)
+    swept = {key: budgets for key, budgets in by_method.items() if len(budgets) >= 2}
+    if any(kind == "fraction" for _, kind in swept):  # one x axis: the kept percentage
+        swept = {key: budgets for key, budgets in swept.items() if key[1] == "fraction"}
+    out: dict[str, tuple[str, float | int]] = {}
+    for (method, _), budgets in swept.items():
+        heads = [
+            labels[n].removesuffix(f"@{budget_text(b)}")
+            for b, n in budgets.items()
+            if labels[n].endswith(f"@{budget_text(b)}")
+        ]
+        shared = len(heads) == len(budgets) and len(set(heads)) == 1 and heads[0]
+        shown = heads[0] if shared else method
+        if shown in {m for m, _ in out.values()}:  # two methods never share a line
+            shown = method
+        for b, n in budgets.items():
+            out[n] = (shown, b)
+    order = {n: i for i, n in enumerate(spec["actions"])}
+    return dict(sorted(out.items(), key=lambda item: order[item[0]]))
