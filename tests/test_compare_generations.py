@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import html
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from browser_helpers import CHROMIUM, has_colour, render_in_chromium
 
 from kvdiverge.compare import compare
 from kvdiverge.io.trajectories import read_trajectories
@@ -86,30 +85,11 @@ def test_generations_page_shows_each_prompt_and_action(run):
         assert f"τ = {r['tau']}" in page or r["replicate"] > 0
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
 def test_generations_page_renders_in_headless_chromium(run, tmp_path):
     _, out = run
-    page = (out / "generations.html").resolve()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,900"]
-    dom = subprocess.run(
-        [CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    assert 'class="gen x"' in dom.stdout and 'class="div"' in dom.stdout
-    assert "Prompt id 'fox', line 1" in dom.stdout
-    shot = tmp_path / "page.png"
-    done = subprocess.run(
-        [CHROMIUM, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
-    from PIL import Image
-
-    pixels = np.asarray(Image.open(shot).convert("RGB"))
+    dom, pixels = render_in_chromium(out / "generations.html", tmp_path)
+    assert 'class="gen x"' in dom and 'class="div"' in dom
+    assert "Prompt id 'fox', line 1" in dom
     # the page is drawn: the divergence marks' blue and vermillion backgrounds are on it
-    assert (np.abs(pixels - [0xCF, 0xE3, 0xF7]).sum(-1) < 12).any()
-    assert (np.abs(pixels - [0xFB, 0xD9, 0xC3]).sum(-1) < 12).any()
+    assert has_colour(pixels, (0xCF, 0xE3, 0xF7)) and has_colour(pixels, (0xFB, 0xD9, 0xC3))

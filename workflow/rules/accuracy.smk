@@ -79,3 +79,67 @@ rule accuracy:
         code=script_code("accuracy.py"),
     script:
         "../scripts/accuracy.py"
+
+
+# Generations side by side (src/kvdiverge/tables/generations.py; docs/analysis.md,
+# "Generations side by side"): a sample of the evaluation documents per model, action and
+# stratum, their full-cache and evicted continuations with the divergence token marked.
+rule study_generations:
+    input:
+        trajectories=lambda w: expand(
+            results("{study}/{model}/trajectories/{action}/{stratum}.parquet"),
+            study=w.study,
+            model=config["models"],
+            action=study_compared_actions(w),
+            stratum=[s.name for s in DATASETS.strata],
+        ),
+        documents=expand(
+            results("documents/{stratum}.parquet"), stratum=[s.name for s in DATASETS.strata]
+        ),
+        models=lambda w: [
+            model_path(m) for m in config["models"] if m in demo_models() + sourced_models()
+        ],
+    output:
+        html=report(
+            results("{study}/tables/generations.html"),
+            caption="../report/study_generations.rst",
+            category="Language-model study",
+            subcategory="Generations",
+            labels={"study": "{study}", "page": "generations side by side (a sample)"},
+        ),
+        parquet=results("{study}/tables/generations.parquet"),
+    log:
+        logs("analysis/study_generations/{study}.log"),
+    benchmark:
+        results("benchmarks/study_generations/{study}.tsv")
+    wildcard_constraints:
+        study=wildcard_alternation(config["studies"], "no-study"),
+    conda:
+        "../../envs/kvdiverge.yaml"
+    params:
+        tokenizers=lambda w: {  # the tokenizer of every model decodes its generations
+            name: {
+                "path": model_path(name),
+                "revision": spec.get("revision"),
+                "trust_remote_code": bool(spec.get("trust_remote_code", False)),
+            }
+            for name, spec in config["models"].items()
+        },
+        files=lambda w: {
+            model: {
+                action: [
+                    results(f"{w.study}/{model}/trajectories/{action}/{s.name}.parquet")
+                    for s in DATASETS.strata
+                ]
+                for action in study_compared_actions(w)
+            }
+            for model in config["models"]
+        },
+        actions=study_compared_actions,
+        datasets=config["datasets"],
+        clock=config["analysis"]["clock"],
+        per_stratum=3,  # documents drawn per model, action and stratum
+        seed=config["seed"],
+        code=script_code("study_generations.py"),
+    script:
+        "../scripts/study_generations.py"

@@ -112,6 +112,10 @@ def final_outputs():
             results(f"{study}/tables/table_accuracy.html"),
             results(f"{study}/figures/accuracy.png"),
         ]
+        out += [  # rule study_generations (workflow/rules/accuracy.smk)
+            results(f"{study}/tables/generations.html"),
+            results(f"{study}/tables/generations.parquet"),
+        ]
     return out + figures_and_tables_outputs()
 
 

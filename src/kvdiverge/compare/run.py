@@ -373,7 +373,6 @@ def _run(
     from kvdiverge.analysis.document_stats import document_stats
     from kvdiverge.analysis.estimands import all_pairs, estimands_table, write_estimands
     from kvdiverge.compare.contrasts import baseline_contrasts, write_contrast_outputs
-    from kvdiverge.tables.generations import generations_table, write_generations
     from kvdiverge.compare.sweep import sweep_table, write_sweep
     from kvdiverge.datasets import write_documents
     from kvdiverge.engine.rollout_job import rollout_documents_actions
@@ -389,6 +388,7 @@ def _run(
         write_accuracy_table,
         write_table,
     )
+    from kvdiverge.tables.generations import generations_table, write_generations
 
     names = [a.label for a in labelled]
     specs = [a.action for a in labelled]

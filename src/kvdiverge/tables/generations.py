@@ -1,5 +1,5 @@
-"""The generations of ``kvdiverge compare`` side by side: ``generations.parquet`` and
-``generations.html``.
+"""Generations side by side: ``kvdiverge compare``'s ``generations.parquet`` and
+``generations.html``, and the pipeline's page of each study's sampled generations.
 
 One row per path (action, prompt, replicate): the user's ``id`` and ``line`` of the prompts file,
 the divergence step τ (the first step whose tokens differ; null when the path never diverges
@@ -9,19 +9,36 @@ their shared prefix (the text of the τ − 1 tokens they share) and each one's 
 path (the first replicate that diverged, else replicate 0) as the shared prefix followed by the
 two continuations, the divergence token marked, each generated token of the prefix shaded by
 δ_t (its value on hover), and the τ of every replicate.
+
+The pipeline's report has a page of the same kind per study (rule ``study_generations``):
+:func:`shown_timing` and :func:`sample_documents` draw a few evaluation documents per model,
+action and stratum, deterministically and mixing early, late and never diverged paths, and
+:func:`render_study_generations_html` shows them per model with the same sections
+(:func:`generations_sections`).
 """
 
 from __future__ import annotations
 
 import html
 import os
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-__all__ = ["generations_table", "render_generations_html", "token_pieces", "write_generations"]
+__all__ = [
+    "generations_sections",
+    "generations_table",
+    "render_generations_html",
+    "render_study_generations_html",
+    "sample_documents",
+    "sampled_generations",
+    "shown_timing",
+    "token_pieces",
+    "write_generations",
+]
 
 
 def token_pieces(tokenizer: Any, tokens: Sequence[int]) -> list[str]:
@@ -43,13 +60,14 @@ def generations_table(
     frames: Mapping[str, pl.DataFrame],
     actions: Sequence[str],
     documents: pl.DataFrame,
-    keys: pl.DataFrame,
+    keys: pl.DataFrame | None,
     tokenizer: Any,
     depth: int,
 ) -> pl.DataFrame:
     """The rows of ``generations.parquet`` (module docstring). ``documents`` carries ``metric``
     (:func:`kvdiverge.analysis.accuracy.document_metrics`); ``keys`` maps ``doc_id`` to the
-    user's ``user_id`` and ``line``."""
+    user's ``user_id`` and ``line`` (None: both null, as for the pipeline's documents, which
+    their ``doc_id`` names)."""
     from kvdiverge.analysis.accuracy import TIMING_CLASSES, path_scores
 
     parts = []
@@ -96,7 +114,11 @@ def generations_table(
                 y_tokens=pl.Series([r.tolist() for r in y_tok], dtype=pl.List(pl.Int32)),
             )
         )
-    table = pl.concat(parts).join(keys, on="doc_id", how="left")
+    table = pl.concat(parts)
+    if keys is None:
+        table = table.with_columns(user_id=pl.lit(None, pl.String), line=pl.lit(None, pl.String))
+    else:
+        table = table.join(keys, on="doc_id", how="left")
     return table.select(
         "action",
         "doc_id",
@@ -159,26 +181,49 @@ def _continuation_html(pieces: Sequence[str]) -> str:
     return f'<span class="div">{html.escape(pieces[0])}</span><span class="rest">{rest}</span>'
 
 
-def render_generations_html(
-    table: pl.DataFrame, documents: pl.DataFrame, tokenizer: Any, title: str = "Generations"
-) -> str:
-    """``generations.html`` (module docstring)."""
-    prompts = dict(documents.select("doc_id", "prompt").rows())
-    actions = table["action"].unique(maintain_order=True).to_list()
-    out = [
+_LEGEND = (
+    '<p class="legend"><span><b>X</b>: full cache</span><span><b>Y</b>: the action\'s '
+    "evicted cache</span><span>bold: the divergence token (step τ)</span><span>shading: "
+    "δ_t, the total variation between the two kernels at step t (hover a token)</span></p>"
+)
+
+
+def _page(title: str, body: Sequence[str]) -> str:
+    """A self-contained page: ``title`` as its title and first heading, then ``body``."""
+    head = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        '<p class="legend"><span><b>X</b>: full cache</span><span><b>Y</b>: the action\'s '
-        "evicted cache</span><span>bold: the divergence token (step τ)</span><span>shading: "
-        "δ_t, the total variation between the two kernels at step t (hover a token)</span></p>",
     ]
+    return "\n".join([*head, *body, "</body></html>"]) + "\n"
+
+
+def _user_heading(row: Mapping[str, Any]) -> str:
+    """``Prompt id 'fox', line 1``: the user's id (where the prompts file gives one) and line."""
+    who = f"id {row['user_id']!r}, " if row["user_id"] is not None else ""
+    return f"Prompt {who}{row['line']}"
+
+
+def generations_sections(
+    table: pl.DataFrame,
+    prompts: Mapping[str, str],
+    tokenizer: Any,
+    headings: Mapping[str, str] | None = None,
+    level: int = 2,
+) -> list[str]:
+    """The HTML of every prompt of a :func:`generations_table` table, in its order: a heading
+    (``headings[doc_id]``, else the user's id and line) at ``<h{level}>``, the prompt
+    (``prompts[doc_id]``), and per action one path (the first replicate that diverged, else
+    replicate 0): the shared prefix shaded by δ_t, then X's and Y's continuations from τ on, the
+    divergence token (step τ, where the path diverged) marked."""
+    actions = table["action"].unique(maintain_order=True).to_list()
+    out = []
     for doc_id in table["doc_id"].unique(maintain_order=True).to_list():
         rows = table.filter(pl.col("doc_id") == doc_id)
         first = rows.row(0, named=True)
-        who = f"id {first['user_id']!r}, " if first["user_id"] is not None else ""
-        out.append(f"<h2>Prompt {html.escape(who + str(first['line']))}</h2>")
+        heading = headings[doc_id] if headings is not None else _user_heading(first)
+        out.append(f"<h{level}>{html.escape(heading)}</h{level}>")
         out.append(f'<div class="prompt">{html.escape(prompts.get(doc_id, ""))}</div>')
         out.append("<table>")
         for action in actions:
@@ -206,8 +251,131 @@ def render_generations_html(
                 f"{y_rest}</div></td></tr>"
             )
         out.append("</table>")
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    return out
+
+
+def render_generations_html(
+    table: pl.DataFrame, documents: pl.DataFrame, tokenizer: Any, title: str = "Generations"
+) -> str:
+    """``generations.html`` (module docstring)."""
+    prompts = dict(documents.select("doc_id", "prompt").rows())
+    return _page(title, [_LEGEND, *generations_sections(table, prompts, tokenizer)])
+
+
+def shown_timing(trajectories: pl.DataFrame, depth: int) -> pl.DataFrame:
+    """Per document of a trajectory table, the divergence timing of the path the page shows
+    (the first replicate that diverged, else replicate 0): ``doc_id``, ``tau`` (null when no
+    replicate diverged within H) and ``timing`` (``early`` τ ≤ ``depth``, ``late`` τ > ``depth``,
+    ``never``; :data:`kvdiverge.analysis.accuracy.TIMING_CLASSES`)."""
+    from kvdiverge.analysis.accuracy import TIMING_CLASSES
+
+    early, late, never = TIMING_CLASSES
+    first = (
+        trajectories.filter(pl.col("mismatch"))
+        .group_by("doc_id", "replicate")
+        .agg(pl.col("t").min().alias("tau"))
+        .sort("doc_id", "replicate")
+        .group_by("doc_id", maintain_order=True)
+        .agg(pl.col("tau").first())
+    )
+    docs = trajectories.select("doc_id").unique().sort("doc_id")
+    return (
+        docs.join(first, on="doc_id", how="left")
+        .with_columns(pl.col("tau").cast(pl.Int32))
+        .with_columns(
+            timing=pl.when(pl.col("tau").is_null())
+            .then(pl.lit(never))
+            .when(pl.col("tau") <= depth)
+            .then(pl.lit(early))
+            .otherwise(pl.lit(late))
+        )
+    )
+
+
+def sample_documents(
+    timing: pl.DataFrame, per_stratum: int, seed: int, key: str = ""
+) -> dict[str, list[str]]:
+    """A deterministic sample of documents per stratum, mixing divergence timings.
+
+    ``timing`` holds ``doc_id``, ``stratum`` and ``timing`` (:func:`shown_timing`). Per stratum
+    (in sorted order), with the generator ``numpy.random.default_rng([seed, crc32(key/stratum)])``,
+    one document of each timing class present (early, late, never, in that order) is drawn
+    uniformly, then the rest of the ``per_stratum`` places from the documents left; the chosen
+    ones are returned in the order early, late, never, then by ``doc_id``. The same inputs draw
+    the same sample."""
+    from kvdiverge.analysis.accuracy import TIMING_CLASSES
+
+    if per_stratum < 1:
+        raise ValueError(f"per_stratum: expected an integer >= 1, got {per_stratum!r}")
+    order = {c: k for k, c in enumerate(TIMING_CLASSES)}
+    out: dict[str, list[str]] = {}
+    for stratum in sorted(set(timing["stratum"].to_list())):
+        rows = timing.filter(pl.col("stratum") == stratum).sort("doc_id")
+        docs = rows["doc_id"].to_list()
+        cls = dict(zip(docs, rows["timing"].to_list(), strict=True))
+        rng = np.random.default_rng([seed, zlib.crc32(f"{key}/{stratum}".encode())])
+        chosen: list[str] = []
+        for c in TIMING_CLASSES:
+            pool = [d for d in docs if cls[d] == c]
+            if pool and len(chosen) < per_stratum:
+                chosen.append(pool[int(rng.integers(len(pool)))])
+        rest = [d for d in docs if d not in chosen]
+        extra = rng.permutation(len(rest))[: max(per_stratum - len(chosen), 0)]
+        chosen += [rest[int(i)] for i in extra]
+        out[stratum] = sorted(chosen, key=lambda d: (order[cls[d]], d))
+    return out
+
+
+def sampled_generations(
+    frames: Mapping[str, pl.DataFrame],
+    documents: pl.DataFrame,
+    tokenizer: Any,
+    depth: int,
+    per_stratum: int,
+    seed: int,
+    key: str = "",
+) -> pl.DataFrame:
+    """The :func:`generations_table` rows (``keys`` None) of a sample of documents: per action
+    of ``frames`` (action → its trajectory table) and stratum, :func:`sample_documents` of
+    :func:`shown_timing` with ``key/action``; every sampled document is shown under every
+    action. ``documents`` holds ``doc_id``, ``stratum``, ``answers`` and ``metric``."""
+    strata = documents.select("doc_id", "stratum")
+    chosen: set[str] = set()
+    for action, frame in frames.items():
+        timing = shown_timing(frame, depth).join(strata, on="doc_id", how="left")
+        if timing["stratum"].null_count():
+            missing = timing.filter(pl.col("stratum").is_null())["doc_id"][0]
+            raise ValueError(f"{action}: doc_id {missing!r} is not in the documents table")
+        for ids in sample_documents(timing, per_stratum, seed, f"{key}/{action}").values():
+            chosen.update(ids)
+    keep = sorted(chosen)
+    sub = {a: f.filter(pl.col("doc_id").is_in(keep)) for a, f in frames.items()}
+    return generations_table(sub, list(frames), documents, None, tokenizer, depth)
+
+
+def render_study_generations_html(
+    sections: Sequence[tuple[str, pl.DataFrame, pl.DataFrame, Any]],
+    title: str,
+    intro: str = "",
+) -> str:
+    """The pipeline's page of a study's sampled generations: per model (``sections``: model
+    name, its :func:`generations_table` rows, its documents with ``doc_id``, ``prompt``,
+    ``stratum``, ``task``, and its tokenizer) a heading, then each sampled document under its
+    ``doc_id``, stratum and task, shown as :func:`generations_sections` shows compare's
+    prompts. ``intro`` is a paragraph of plain text after the legend."""
+    body = [_LEGEND]
+    if intro:
+        body.append(f"<p>{html.escape(intro)}</p>")
+    for model, table, documents, tokenizer in sections:
+        body.append(f"<h2>Model {html.escape(model)}</h2>")
+        docs = documents.filter(pl.col("doc_id").is_in(table["doc_id"].unique().to_list()))
+        prompts = dict(docs.select("doc_id", "prompt").rows())
+        headings = {
+            d: f"Document {d} ({s}, task {t})"
+            for d, s, t in docs.select("doc_id", "stratum", "task").rows()
+        }
+        body += generations_sections(table, prompts, tokenizer, headings, level=3)
+    return _page(title, body)
 
 
 def write_generations(
