@@ -13,7 +13,12 @@ from study_helpers import CONTROL, LAMBDAS, build_study
 from test_compare_figures import LABELS, _inside
 
 from kvdiverge.plots.base import MIN_FONT_PT, smallest_font
-from kvdiverge.plots.study import FIGURES, plot_divergence_cdf, write_study_figures
+from kvdiverge.plots.study import (
+    FIGURES,
+    plot_decomposition,
+    plot_divergence_cdf,
+    write_study_figures,
+)
 from kvdiverge.plots.sweep import SWEEP_ESTIMANDS, plot_sweep, sweep_table, write_sweep_figure
 from kvdiverge.tables import StudyTableError, read_estimands, write_study_tables
 
@@ -74,6 +79,24 @@ def test_the_pipeline_divergence_cdf_shows_40_character_labels_inside_the_canvas
     outputs = {n: (tmp_path / f"{n}.png", tmp_path / f"{n}.pdf") for n in FIGURES}
     write_study_figures(eight, outputs, NAMES, control=CONTROL, labels=labels)
     assert all(png.stat().st_size > 20_000 for png, _ in outputs.values())
+
+
+def test_the_decomposition_of_every_pair_of_eight_labelled_actions_is_legible(eight):
+    """Eight actions give 28 contrasts per model: horizontal bars, one row per contrast, every
+    label shown in full inside the canvas."""
+    labels = dict(zip(NAMES, LABELS, strict=True))
+    table = read_estimands(eight)
+    contrasts = table.filter(pl.col("contrast") != "")["contrast"].unique(maintain_order=True)
+    assert len(contrasts) == 28
+    fig = plot_decomposition(table, None, labels=labels)
+    try:
+        assert _outside(fig) == []
+        assert smallest_font(fig) >= MIN_FONT_PT
+        ticks = [t.get_text().replace("\n", "") for t in fig.axes[0].get_yticklabels()]
+        expected = [" - ".join(labels[a] for a in c.split(" - ")) for c in contrasts]
+        assert [t.replace("− ", " - ") for t in ticks] == expected
+    finally:
+        plt.close(fig)
 
 
 def test_tables_show_labels_and_their_csv_keeps_the_names(tmp_path):

@@ -21,6 +21,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from kvdiverge.plots.base import (  # noqa: E402
     COLUMN_WIDTH,
     TEXT_WIDTH,
+    PercentTicks,
     SeriesStyle,
     figure_legend,
     new_figure,
@@ -157,6 +158,20 @@ def _stack_span(rows: pl.DataFrame, terms: Sequence[str]) -> float:
     return max(max(finite) - min(finite), 1e-12)
 
 
+def _decomposition_ticks(
+    sides: Sequence[Sequence[str]], common: str | None, chars: int
+) -> list[str]:
+    """Each contrast's tick label: its actions wrapped to ``chars`` (only the minuend where
+    every contrast shares the subtrahend ``common``)."""
+
+    def wrap(text: str) -> str:
+        return textwrap.fill(text, chars, break_on_hyphens=False)
+
+    if common is not None:
+        return [wrap(x[0]) for x in sides]
+    return ["\n− ".join(wrap(part) for part in x) for x in sides]
+
+
 def plot_decomposition(
     table: pl.DataFrame,
     contrasts: Sequence[str] | None = None,
@@ -164,10 +179,13 @@ def plot_decomposition(
     labels: Mapping[str, str] | None = None,
 ) -> plt.Figure:
     """Decomposition bars: ΔR_SMC = occurrence + exposure + rate terms per contrast and model,
-    pooled; stacked hatched terms (positive up, negative down), ΔR_SMC with its interval as a
-    black marker, and each term's share of ΔR_SMC printed on its segment — only where the
-    interval of ΔR_SMC excludes 0 (otherwise the share is unbounded and left out). A contrast
-    ``b - a`` is shown by its actions' labels (``labels``, default their names)."""
+    pooled; stacked hatched terms (positive one way, negative the other), ΔR_SMC with its
+    interval as a black marker, and each term's share of ΔR_SMC printed on its segment — only
+    where the interval of ΔR_SMC excludes 0 (otherwise the share is unbounded and left out). A
+    contrast ``b - a`` is shown by its actions' labels (``labels``, default their names). A few
+    short contrasts stand as upright bars side by side; many, or long labels (eight actions
+    give 28 pairs), lie as horizontal bars, one row per contrast, so that every label is
+    readable in full."""
     terms = tuple(TERM_STYLES)
     need = ["R_smc", *(f"gap_{t}" for t in terms), *(f"{t}_share" for t in terms)]
     require_estimands(table, need, where, "the decomposition figure")
@@ -180,20 +198,24 @@ def plot_decomposition(
         & pl.col("contrast").is_in(contrasts)
         & pl.col("estimand").is_in(need)
     )
-    width = min(TEXT_WIDTH, max(COLUMN_WIDTH, (0.9 + 0.9 * len(contrasts)) * len(models) + 0.7))
-    fig, axes = new_figure(width, 3.1, 1, len(models), sharey=True)
     axis_span = _stack_span(rows, terms)
-    # tick labels wrapped to their slot; a common subtrahend (a baseline) said once, below
+    # a common subtrahend (a baseline) is said once, beside the axis
     sides = [shown_labels(c.split(" - ", 1), labels) for c in contrasts]
     common = sides[0][1] if all(len(x) == 2 and x[1] == sides[0][1] for x in sides) else None
+    width = min(TEXT_WIDTH, max(COLUMN_WIDTH, (0.9 + 0.9 * len(contrasts)) * len(models) + 0.7))
     chars = max(8, int((width - 0.8) / len(models) / len(contrasts) * 13))
-
-    def wrap(text: str) -> str:
-        return textwrap.fill(text, chars, break_on_hyphens=False)
-
-    ticks = [
-        wrap(x[0]) if common is not None else "\n− ".join(wrap(part) for part in x) for x in sides
-    ]
+    ticks = _decomposition_ticks(sides, common, chars)
+    tall = max(t.count("\n") + 1 for t in ticks)
+    horizontal = len(contrasts) * len(models) > 8 or tall > (4 if common is not None else 6)
+    if horizontal:
+        chars = 40  # a label of the config's longest fits one line
+        ticks = _decomposition_ticks(sides, common, chars)
+        rows_in = [0.15 + 0.14 * (t.count("\n") + 1) for t in ticks]
+        fig, axes = new_figure(
+            TEXT_WIDTH, 1.3 + max(sum(rows_in), 1.4), 1, len(models), sharey=True
+        )
+    else:
+        fig, axes = new_figure(width, 3.1, 1, len(models), sharey=True)
     hidden = False
     for ax, model in zip(axes[0], models, strict=True):
         cell = rows.filter(pl.col("model") == model)
@@ -205,73 +227,89 @@ def plot_decomposition(
                         f"{where}: estimand {name!r} missing for model {model!r}, contrast "
                         f"{contrast!r} (needed by the decomposition figure)"
                     )
-            total = values[(contrast, "R_smc")]
-            show_shares = not _covers_zero(total)
-            hidden |= not show_shares
-            stack = [values[(contrast, f"gap_{t}")]["value"] for t in terms]
-            up, down = 0.0, 0.0
-            for term, v in zip(terms, stack, strict=True):
-                share = values[(contrast, f"{term}_share")]["value"]
-                base = up if v >= 0 else down
-                style = TERM_STYLES[term]
-                ax.bar(
-                    i,
-                    v,
-                    bottom=base,
-                    width=0.6,
-                    color=style.color,
-                    hatch=style.hatch,
-                    edgecolor="0.25",
-                    lw=0.5,
-                    zorder=2,
-                )
-                if show_shares and np.isfinite(share) and abs(v) >= 0.09 * axis_span:
-                    ax.text(
-                        i,
-                        base + v / 2,
-                        f"{100 * share:.0f}%",
-                        ha="center",
-                        va="center",
-                        zorder=3,
-                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},
-                    )
-                if v >= 0:
-                    up += v
-                else:
-                    down += v
-            err = [[total["value"] - total["ci_low"]], [total["ci_high"] - total["value"]]]
-            ax.errorbar(
-                i + 0.4,
-                total["value"],
-                yerr=err,
-                fmt="D",
-                ms=4,
-                color="black",
-                capsize=2.5,
-                lw=1,
-                zorder=3,
-            )
+            hidden |= _decomposition_bar(ax, i, contrast, values, terms, axis_span, horizontal)
         note_missing_intervals(ax, [values[(c, "R_smc")] for c in contrasts])
-        ax.axhline(0, color="black", lw=0.8, zorder=1)
         ax.use_sticky_edges = False  # a margin beyond 0 too
-        ax.margins(y=0.05)
-        ax.set_xticks(range(len(contrasts)), ticks)
-        if common is not None:
-            ax.set_xlabel(textwrap.fill(f"each minus {common}", int(chars * len(contrasts))))
-        ax.set_xlim(-0.6, len(contrasts) - 0.25)
-        ax.grid(axis="x", visible=False)
-        _percent(ax, "")
+        if horizontal:
+            ax.axvline(0, color="black", lw=0.8, zorder=1)
+            ax.margins(x=0.05)
+            ax.set_yticks(range(len(contrasts)), ticks)
+            ax.set_ylim(len(contrasts) - 0.25, -0.6)  # the first contrast on top
+            ax.grid(axis="y", visible=False)
+            ax.xaxis.set_major_formatter(PercentTicks(""))
+            ax.set_xlabel(f"{_DELTA_R} and its terms, pp")
+        else:
+            ax.axhline(0, color="black", lw=0.8, zorder=1)
+            ax.margins(y=0.05)
+            ax.set_xticks(range(len(contrasts)), ticks)
+            if common is not None:
+                ax.set_xlabel(textwrap.fill(f"each minus {common}", int(chars * len(contrasts))))
+            ax.set_xlim(-0.6, len(contrasts) - 0.25)
+            ax.grid(axis="x", visible=False)
+            _percent(ax, "")
         ax.set_title(model)
-    axes[0][0].set_ylabel(f"{_DELTA_R} and its terms, pp")
+    if horizontal:
+        if common is not None:
+            axes[0][0].set_ylabel(textwrap.fill(f"each minus {common}", 40))
+    else:
+        axes[0][0].set_ylabel(f"{_DELTA_R} and its terms, pp")
     level = _level_label(rows.filter(pl.col("estimand") == "R_smc")["ci_level"].to_list())
     handles = [
         Patch(facecolor=s.color, hatch=s.hatch, edgecolor="0.25", lw=0.5)
         for s in TERM_STYLES.values()
     ]
     handles.append(Line2D([], [], marker="D", ms=4, color="black", lw=1))
-    labels = [f"{t} term" for t in terms] + [f"{_DELTA_R} ({level} interval)"]
+    labels_shown = [f"{t} term" for t in terms] + [f"{_DELTA_R} ({level} interval)"]
     note = "labels: share of " + _DELTA_R
     if hidden:
         note += "\n(not shown where its interval covers 0)"
-    figure_legend(fig, handles, labels, note, ncol=2)
+    figure_legend(fig, handles, labels_shown, note, ncol=2)
     return fig
+
+
+def _decomposition_bar(
+    ax: plt.Axes,
+    i: int,
+    contrast: str,
+    values: Mapping[tuple[str, str], Mapping],
+    terms: Sequence[str],
+    axis_span: float,
+    horizontal: bool,
+) -> bool:
+    """One contrast's stacked terms, their shares and ΔR_SMC with its interval at slot ``i``;
+    returns whether its shares are hidden (its interval covers 0)."""
+    total = values[(contrast, "R_smc")]
+    show_shares = not _covers_zero(total)
+    up, down = 0.0, 0.0
+    for term in terms:
+        v = values[(contrast, f"gap_{term}")]["value"]
+        share = values[(contrast, f"{term}_share")]["value"]
+        base = up if v >= 0 else down
+        style = TERM_STYLES[term]
+        bar = {"color": style.color, "hatch": style.hatch, "edgecolor": "0.25", "lw": 0.5}
+        if horizontal:
+            ax.barh(i, v, left=base, height=0.6, zorder=2, **bar)
+        else:
+            ax.bar(i, v, bottom=base, width=0.6, zorder=2, **bar)
+        fits = abs(v) >= (0.12 if horizontal else 0.09) * axis_span
+        if show_shares and np.isfinite(share) and fits:
+            xy = (base + v / 2, i) if horizontal else (i, base + v / 2)
+            ax.text(
+                *xy,
+                f"{100 * share:.0f}%",
+                ha="center",
+                va="center",
+                zorder=3,
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},
+            )
+        if v >= 0:
+            up += v
+        else:
+            down += v
+    err = [[total["value"] - total["ci_low"]], [total["ci_high"] - total["value"]]]
+    marker = {"fmt": "D", "ms": 4, "color": "black", "capsize": 2.5, "lw": 1, "zorder": 3}
+    if horizontal:
+        ax.errorbar(total["value"], i + 0.4, xerr=err, **marker)
+    else:
+        ax.errorbar(i + 0.4, total["value"], yerr=err, **marker)
+    return not show_shares
