@@ -10,8 +10,9 @@ import numpy as np
 import polars as pl
 import pytest
 from study_helpers import CONTROL, LAMBDAS, build_study
-from test_compare_figures import LABELS, _inside
+from test_compare_figures import LABELS, _accuracy_table, _inside
 
+from kvdiverge.plots.accuracy import plot_accuracy
 from kvdiverge.plots.base import MIN_FONT_PT, smallest_font
 from kvdiverge.plots.study import (
     FIGURES,
@@ -21,6 +22,7 @@ from kvdiverge.plots.study import (
 )
 from kvdiverge.plots.sweep import SWEEP_ESTIMANDS, plot_sweep, sweep_table, write_sweep_figure
 from kvdiverge.tables import StudyTableError, read_estimands, write_study_tables
+from kvdiverge.tables.accuracy import accuracy_study_table
 
 NAMES = [f"a{i}" for i in range(1, 9)]
 SWEPT = {
@@ -97,6 +99,23 @@ def test_the_decomposition_of_every_pair_of_eight_labelled_actions_is_legible(ei
         assert [t.replace("− ", " - ") for t in ticks] == expected
     finally:
         plt.close(fig)
+
+
+def test_the_accuracy_figure_and_table_show_labels():
+    labels = dict(zip(NAMES, LABELS, strict=True))
+    table = _accuracy_table(NAMES)
+    fig = plot_accuracy(table, NAMES, labels=labels)
+    try:
+        assert _outside(fig) == []
+        ticks = [t.get_text().replace("\n", "") for t in fig.axes[0].get_yticklabels()]
+        assert ticks == LABELS
+        legend = [t.get_text().replace("\n", "") for t in fig.legends[0].get_texts()]
+        assert legend[: len(LABELS)] == LABELS
+    finally:
+        plt.close(fig)
+    built = accuracy_study_table(table, NAMES, labels=labels)
+    assert [r[1] for r in built.rows] == LABELS
+    assert built.data["action"].to_list() == NAMES
 
 
 def test_tables_show_labels_and_their_csv_keeps_the_names(tmp_path):

@@ -51,8 +51,8 @@ write_accuracy(pl.concat(tables), out.csv)
 # each document's accuracy per model and action: rule study_contrasts pairs its Δ accuracy
 write_parquet_with_metadata(pl.concat(per_document), out.documents, {"study": study})
 tabled = (out.table_csv, out.table_md, out.table_tex, out.table_html)
-write_accuracy_table(
-    out.csv, tabled, actions, registration=registration_line(read_lock(snakemake.input.lock))
-)
-write_accuracy_figure(out.csv, out.png, out.pdf, actions, control=p.control)
+registration = registration_line(read_lock(snakemake.input.lock))
+labels = dict(p.labels)  # the actions' labels: the figure and the rendered table show them
+write_accuracy_table(out.csv, tabled, actions, registration=registration, labels=labels)
+write_accuracy_figure(out.csv, out.png, out.pdf, actions, control=p.control, labels=labels)
 log.info("wrote %s, %s, %s", out.csv, out.table_html, out.png)

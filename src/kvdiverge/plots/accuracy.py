@@ -38,7 +38,7 @@ from kvdiverge.plots.base import (  # noqa: E402
     save_figure,
 )
 from kvdiverge.plots.study import action_styles  # noqa: E402
-from kvdiverge.plots.study_style import note_missing_intervals  # noqa: E402
+from kvdiverge.plots.study_style import note_missing_intervals, shown_labels  # noqa: E402
 from kvdiverge.tables import StudyTableError, read_estimands, require_estimands  # noqa: E402
 from kvdiverge.tables.accuracy import nothing_answered  # noqa: E402
 
@@ -100,13 +100,16 @@ def plot_accuracy(
     actions: Sequence[str] | None = None,
     styles: Mapping[str, SeriesStyle] | None = None,
     where: str = "accuracy",
+    labels: Mapping[str, str] | None = None,
 ) -> plt.Figure:
-    """The accuracy figure (module docstring), one row of two panels per model."""
+    """The accuracy figure (module docstring), one row of two panels per model; each action
+    shown as its label (``labels``, default its name)."""
     require_estimands(table, ["accuracy_drop", "accuracy_y@early"], where, "the accuracy figure")
     actions = list(actions) if actions is not None else list(dict.fromkeys(table["action"]))
     styles = dict(styles) if styles is not None else action_styles(actions)
     models = list(dict.fromkeys(table["model"]))
-    wrapped = [textwrap.fill(a, 24, break_on_hyphens=False) for a in actions]
+    shown = shown_labels(actions, labels)
+    wrapped = [textwrap.fill(a, 24, break_on_hyphens=False) for a in shown]
     lines = sum(w.count("\n") + 1 for w in wrapped)
     fig, axes = new_figure(
         TEXT_WIDTH,
@@ -172,9 +175,9 @@ def plot_accuracy(
         Line2D([], [], marker="o", lw=0, color="0.3", mfc="0.3"),
         Line2D([], [], marker="o", lw=0, color="0.3", mfc="white"),
     ]
-    labels = [*actions, "Y (action)", "X (full cache)"]
+    legend_labels = [*shown, "Y (action)", "X (full cache)"]
     title = f"{'/'.join(f'{100 * v:.10g}%' for v in level)} document-bootstrap intervals"
-    figure_legend(fig, handles, labels, title, ncol=min(len(labels), 6))
+    figure_legend(fig, handles, legend_labels, title, ncol=min(len(legend_labels), 6))
     return fig
 
 
@@ -185,10 +188,12 @@ def write_accuracy_figure(
     actions: Sequence[str] | None = None,
     palette_actions: Sequence[str] | None = None,
     control: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> None:
     """Draw :func:`plot_accuracy` from the accuracy CSV and write it as PNG and PDF; actions
-    take the styles of the study's figures (``palette_actions`` order, ``control`` grey)."""
+    take the styles of the study's figures (``palette_actions`` order, ``control`` grey) and
+    show their ``labels``."""
     table = read_estimands(accuracy_csv)
     plotted = list(actions) if actions is not None else list(dict.fromkeys(table["action"]))
     styles = action_styles(list(palette_actions or plotted), control)
-    save_figure(plot_accuracy(table, plotted, styles, str(accuracy_csv)), png, pdf)
+    save_figure(plot_accuracy(table, plotted, styles, str(accuracy_csv), labels), png, pdf)

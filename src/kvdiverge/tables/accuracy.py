@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import polars as pl
 
@@ -63,7 +63,10 @@ def nothing_answered_note(model: str) -> str:
 
 
 def accuracy_study_table(
-    table: pl.DataFrame, actions: Sequence[str] | None = None, where: str = "accuracy"
+    table: pl.DataFrame,
+    actions: Sequence[str] | None = None,
+    where: str = "accuracy",
+    labels: Mapping[str, str] | None = None,
 ) -> StudyTable:
     """The accuracy table per model × action, pooled, from the long accuracy table
     (:func:`kvdiverge.analysis.accuracy.accuracy_table`): task accuracy of the full cache (X)
@@ -71,7 +74,8 @@ def accuracy_study_table(
     diverged early or late and the drop among them (paths that never diverge have equal X and
     Y, so no drop). Its notes state the two caveats of
     :data:`kvdiverge.analysis.accuracy.ACCURACY_CAVEATS`, after one line per model that answers
-    nothing (:func:`nothing_answered`, :func:`nothing_answered_note`)."""
+    nothing (:func:`nothing_answered`, :func:`nothing_answered_note`). The rendered rows show
+    each action's label (``labels``, default its name); the CSV keeps the name."""
     needed = "the accuracy table"
     require_estimands(table, [m.estimand for m in ACCURACY_MEASURES], where, needed)
     actions = list(actions) if actions is not None else actions_in(table)
@@ -100,7 +104,8 @@ def accuracy_study_table(
     empty = tuple(
         nothing_answered_note(m) for m in models_in(table) if nothing_answered(table, m, actions)
     )
-    return dataclasses.replace(built, notes=(*empty, *built.notes, *ACCURACY_CAVEATS))
+    rows = [[r[0], str((labels or {}).get(r[1], r[1])), *r[2:]] for r in built.rows]
+    return dataclasses.replace(built, rows=rows, notes=(*empty, *built.notes, *ACCURACY_CAVEATS))
 
 
 def write_accuracy_table(
@@ -108,11 +113,12 @@ def write_accuracy_table(
     outputs: Sequence[str | os.PathLike],
     actions: Sequence[str] | None = None,
     registration: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> StudyTable:
     """Read the long accuracy CSV and write its table as (CSV, Markdown, LaTeX, HTML);
     ``registration``: a note saying which registration of the study's lock it comes from."""
     table = read_estimands(accuracy_csv)
-    built = accuracy_study_table(table, actions, str(accuracy_csv))
+    built = accuracy_study_table(table, actions, str(accuracy_csv), labels)
     if registration:
         built = dataclasses.replace(built, notes=(*built.notes, registration))
     write_table(built, *outputs)
