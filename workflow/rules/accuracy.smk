@@ -76,7 +76,7 @@ rule accuracy:
         draws=lambda w: config["studies"][w.study]["bootstrap_draws"],
         level=config["analysis"]["level"],
         seed=config["seed"],
-        labels=study_labels,  # what the figure and the table show (helpers/figures.smk)
+        labels=lambda w: study_labels(w),  # figure and table (helpers/figures.smk, later)
         code=script_code("accuracy.py"),
     script:
         "../scripts/accuracy.py"
