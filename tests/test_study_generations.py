@@ -162,6 +162,13 @@ def test_the_page_marks_the_divergence_token_and_names_each_document(rolled_out)
     assert text.count(f"never diverged within H = {H}") == never
     assert text.count("<tr><th>snapkv</th>") == text.count("<tr><th>recent</th>")
     assert 'title="δ_t = ' in text  # δ_t along the shared prefix
+    # an action's display label heads its rows where one is given
+    tokenizer = load_decoder(MODEL)
+    labelled = render_study_generations_html(
+        [("tiny-llama", table, documents, tokenizer)], "t", labels={"snapkv": "SnapKV <half>"}
+    )
+    assert labelled.count("<tr><th>SnapKV &lt;half&gt;</th>") == text.count("<tr><th>snapkv</th>")
+    assert "<tr><th>snapkv</th>" not in labelled and "<tr><th>recent</th>" in labelled
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
@@ -174,6 +181,7 @@ def test_the_page_renders_in_headless_chromium(rolled_out, tmp_path):
 
 
 SMALL = {
+    "actions": {"snapkv-half": {"selector": "snapkv", "budget": 0.5, "label": "SnapKV, half"}},
     "rollout": {"H": 8},
     "datasets": {
         "strata": [{"env": "ruler", "label": "1024", "target_tokens": 1024}],
@@ -233,3 +241,4 @@ def test_rule_study_generations_writes_the_page(tmp_path):
     diverged = sum(s.filter(pl.col("tau").is_not_null()).height for s in shown)
     assert text.count('<span class="div">') == 2 * diverged
     assert "up to 3 evaluation documents per model, action and stratum" in text
+    assert text.count("<tr><th>SnapKV, half</th>") == text.count("<tr><th>recent-half</th>") > 0

@@ -137,6 +137,7 @@ rule study_generations:
             for model in config["models"]
         },
         actions=study_compared_actions,
+        labels=lambda w: study_labels(w),  # workflow/rules/helpers/figures.smk
         datasets=config["datasets"],
         clock=config["analysis"]["clock"],
         per_stratum=3,  # documents drawn per model, action and stratum

@@ -49,7 +49,8 @@ intro = (
     "every compared action."
 )
 title = f"Generations side by side: {study}"
-atomic_write_text(out.html, render_study_generations_html(sections, title, intro))
+labels = dict(p.labels)  # the rows show the actions' display labels
+atomic_write_text(out.html, render_study_generations_html(sections, title, intro, labels))
 with atomic_path(out.parquet, suffix=".parquet") as tmp:
     pl.concat(parts).write_parquet(tmp)
 log.info("wrote %s, %s", out.html, out.parquet)

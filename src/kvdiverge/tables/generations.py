@@ -211,12 +211,14 @@ def generations_sections(
     tokenizer: Any,
     headings: Mapping[str, str] | None = None,
     level: int = 2,
+    labels: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The HTML of every prompt of a :func:`generations_table` table, in its order: a heading
     (``headings[doc_id]``, else the user's id and line) at ``<h{level}>``, the prompt
     (``prompts[doc_id]``), and per action one path (the first replicate that diverged, else
     replicate 0): the shared prefix shaded by δ_t, then X's and Y's continuations from τ on, the
-    divergence token (step τ, where the path diverged) marked."""
+    divergence token (step τ, where the path diverged) marked. Each action's row is headed by
+    ``labels[action]`` where given (a display label), else its name."""
     actions = table["action"].unique(maintain_order=True).to_list()
     out = []
     for doc_id in table["doc_id"].unique(maintain_order=True).to_list():
@@ -242,7 +244,8 @@ def generations_sections(
             y_rest = _continuation_html(y_pieces[n_prefix:])
             head = f"τ = {tau}" if tau is not None else f"never diverged within H = {len(x_pieces)}"
             out.append(
-                f'<tr><th>{html.escape(action)}</th><td><div class="meta">replicate '
+                f"<tr><th>{html.escape((labels or {}).get(action, action))}</th>"
+                f'<td><div class="meta">replicate '
                 f"{shown['replicate']} · {head} · τ of every replicate: {taus} · accuracy X "
                 f"{shown['acc_x']:.2f}, Y {shown['acc_y']:.2f}</div>"
                 f'<div class="gen x"><b>X</b> {prefix}'
@@ -357,12 +360,14 @@ def render_study_generations_html(
     sections: Sequence[tuple[str, pl.DataFrame, pl.DataFrame, Any]],
     title: str,
     intro: str = "",
+    labels: Mapping[str, str] | None = None,
 ) -> str:
     """The pipeline's page of a study's sampled generations: per model (``sections``: model
     name, its :func:`generations_table` rows, its documents with ``doc_id``, ``prompt``,
     ``stratum``, ``task``, and its tokenizer) a heading, then each sampled document under its
     ``doc_id``, stratum and task, shown as :func:`generations_sections` shows compare's
-    prompts. ``intro`` is a paragraph of plain text after the legend."""
+    prompts. ``intro`` is a paragraph of plain text after the legend; ``labels``: the actions'
+    display labels by name (default: their names)."""
     body = [_LEGEND]
     if intro:
         body.append(f"<p>{html.escape(intro)}</p>")
@@ -374,7 +379,7 @@ def render_study_generations_html(
             d: f"Document {d} ({s}, task {t})"
             for d, s, t in docs.select("doc_id", "stratum", "task").rows()
         }
-        body += generations_sections(table, prompts, tokenizer, headings, level=3)
+        body += generations_sections(table, prompts, tokenizer, headings, 3, labels)
     return _page(title, body)
 
 
