@@ -225,3 +225,38 @@ def test_the_methods_of_a_study_at_two_budgets_or_more():
     cfg["studies"]["study1"]["actions"] = ["s128", "s256", "full"]
     del cfg["studies"]["study1"]["baseline"]
     assert budget_sweeps(cfg, "study1") == {"s128": ("snapkv", 128), "s256": ("snapkv", 256)}
+
+
+def test_a_study_with_a_sweep_plans_its_sweep_figure(tmp_path):
+    """The tiny config with a sweep in study 1: its three actions' rollouts and the sweep
+    figure are planned; study 2, with no method at two budgets, gets no sweep figure."""
+    from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
+
+    work = workflow_copy(tmp_path)
+    extra = tmp_path / "sweep.yaml"
+    extra.write_text(
+        yaml.safe_dump(
+            {
+                "actions": {
+                    "snapkv-sweep": {"selector": "snapkv", "budgets": [0.25, 0.5, 0.75]},
+                    "recent-half": {"selector": "recent", "budget": 0.5, "label": "recency"},
+                },
+                "studies": {
+                    "study3": {
+                        "actions": ["snapkv-sweep", "recent-half", "full"],
+                        "cohort": "study1",
+                        "baseline": "recent-half",
+                        "K_dev": 2,
+                        "K_control": 2,
+                    }
+                },
+            }
+        )
+    )
+    res = run_snakemake(work, "-n", "--configfile", str(extra))
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-3000:]
+    jobs = planned_jobs(res)
+    assert jobs["study_sweep_figure"] == 1
+    assert "study3/figures/budget_sweep.png" in text and "study1/figures/budget_sweep" not in text
+    assert "study3/tiny-llama/trajectories/snapkv-sweep@0.25/" in text
