@@ -7,6 +7,7 @@ divergence token marked and δ_t along the text (kvdiverge.tables.generations, t
 from __future__ import annotations
 
 import html
+import json
 
 import numpy as np
 import polars as pl
@@ -242,3 +243,21 @@ def test_rule_study_generations_writes_the_page(tmp_path):
     assert text.count('<span class="div">') == 2 * diverged
     assert "up to 3 evaluation documents per model, action and stratum" in text
     assert text.count("<tr><th>SnapKV, half</th>") == text.count("<tr><th>recent-half</th>") > 0
+
+    # the report: the page under Language-model study / Generations with its caption, and a
+    # link to it on the landing page
+    from test_report import report_entries
+
+    page = "results/study1/tables/generations.html"
+    res = run_snakemake(
+        work, page, "--configfile", str(override), "--report", "report.html",
+        env=package_env(work), timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = (work / "report.html").read_text(errors="replace")
+    categories, results = report_entries(report)
+    assert categories["Language-model study"]["Generations"] == [page]
+    assert "divergence token" in results[page]["caption"]
+    start = report.index("var workflow_desc = ") + len("var workflow_desc = ")
+    landing, _ = json.JSONDecoder().raw_decode(report, start)
+    assert f"javascript:app.showResultInfo('{page}')" in landing
