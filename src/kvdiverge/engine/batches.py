@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from kvdiverge.engine.document import _check_actions, _Document
+from kvdiverge.engine.memory import keep_freed_memory
 from kvdiverge.engine.rows import _rollout_units, _running_row_steps, _Unit
 from kvdiverge.engine.settings import (
     DocumentRollout,
@@ -134,6 +135,7 @@ def rollout_documents(
     the document's prefill, selections and share of the decode.
     """
     specs = _check_actions(actions, eos_ids)
+    keep_freed_memory()  # reuse the calls' multi-megabyte buffers (engine.memory)
     docs = [
         _Document.plan(doc_id, ids, specs, reps, settings.coupling, subset=True)
         for doc_id, ids, reps, *_ in documents
