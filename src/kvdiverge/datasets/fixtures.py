@@ -1,12 +1,13 @@
 """Synthetic fixtures for the embedded default (issue "Dataset materialization", item 3).
 
 Small files in the exact formats of HELMET (KILT JSONL, ALCE JSON, prompt JSON), SQuAD v2 dev,
-HotpotQA dev-distractor, an essay folder and a ``custom`` prompts file (JSONL), all written for
-this project by a deterministic generator from an invented world (fictional towns, rivers,
-people and books). Every file says
-it is synthetic (ids prefixed ``synthetic-``, a ``_note`` field, SQuAD's ``version``) and the
-folder holds a ``SYNTHETIC`` marker, so ``source`` in the documents table says so too. They
-are read by the same loaders as the real files.
+HotpotQA dev-distractor and a ``custom`` prompts file (JSONL), all written for this project by a
+deterministic generator from an invented world (fictional towns, rivers, people and books).
+Every file says it is synthetic (ids prefixed ``synthetic-``, a ``_note`` field, SQuAD's
+``version``) and each of their folders holds a ``SYNTHETIC`` marker, so ``source`` in the
+documents table says so too. They are read by the same loaders as the real files. The essay
+folder beside them (``essays/``) is real public-domain prose, written by
+``workflow/scripts/write_essays.py``, and carries no marker.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import random
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvdiverge.datasets.ruler import wonderwords_lists
-from kvdiverge.datasets.text import SYNTHETIC_MARKER, synthetic_prose
+from kvdiverge.datasets.text import SYNTHETIC_MARKER
 from kvdiverge.io import atomic_write_text
 
-__all__ = ["DEFAULT_KILT_PASSAGES", "write_fixtures"]
+__all__ = ["DEFAULT_KILT_PASSAGES", "SYNTHETIC_FOLDERS", "write_fixtures"]
 
 DEFAULT_KILT_PASSAGES: tuple[int, ...] = (4, 10, 16)
 """The K values (passages per question) of the KILT fixture files: the default's rag_passages."""
+
+SYNTHETIC_FOLDERS: tuple[str, ...] = ("squad", "hotpotqa", "helmet", "custom")
+"""The fixture folders with a ``SYNTHETIC`` marker (all of ``data/fixtures`` but ``essays``)."""
 
 NOTE = "SYNTHETIC fixture written for kvdiverge (invented facts); not the original dataset."
 
@@ -337,13 +340,10 @@ def write_fixtures(root: str | Path, seed: int = 20261129) -> list[Path]:
         (_dump_jsonl if jsonl else _dump)(path, obj)
         written.append(path)
 
-    marker = root / SYNTHETIC_MARKER
-    atomic_write_text(marker, NOTE + " Every file below this folder is synthetic.\n")
-    written.append(marker)
-    for i in range(3):
-        path = root / "essays" / f"synthetic_essay_{i + 1:02d}.txt"
-        atomic_write_text(path, synthetic_prose(300, seed + i, wonderwords_lists()))
-        written.append(path)
+    for folder in SYNTHETIC_FOLDERS:
+        marker = root / folder / SYNTHETIC_MARKER
+        atomic_write_text(marker, NOTE + " Every file below this folder is synthetic.\n")
+        written.append(marker)
     put(root / "squad" / "dev-v2.0.json", _squad(world))
     put(root / "hotpotqa" / "hotpot_dev_distractor_v1.json", _hotpotqa(world, rng))
     towns = world.towns

