@@ -83,14 +83,10 @@ def test_greedy_runs_one_replicate_with_one_note_per_study():
             "config.rollout.temperature: expected a finite number >= 0 (0: greedy), got nan",
         ),
         (
-            {"temperature": 0.7, "coupling": "swrb"},
-            "config.rollout.temperature: 0.7, but rollout.coupling swrb samples at the model's "
-            "own temperature only; expected 1, or coupling shared-reference or independent",
-        ),
-        (
             {"temperature": 0, "coupling": "swrb"},
-            "config.rollout.temperature: 0, but rollout.coupling swrb samples at the model's "
-            "own temperature only; expected 1, or coupling shared-reference or independent",
+            "config.rollout.temperature: 0 (greedy), but rollout.coupling swrb needs T > 0: "
+            "greedy kernels are point masses, so the SWRB trunk has nothing to branch; expected "
+            "a temperature > 0, or coupling shared-reference, which covers greedy decoding",
         ),
     ],
 )
@@ -99,6 +95,13 @@ def test_a_temperature_the_rollouts_cannot_run_is_one_line(edit, message):
     with pytest.raises(ConfigError) as info:
         check_config(config, SCHEMA)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("T", [0.5, 1, 2.0])
+def test_swrb_runs_at_any_positive_temperature(T):
+    config = _config(temperature=T, coupling="swrb")
+    assert check_config(config, SCHEMA) == []
+    assert config["rollout"]["temperature"] == T
 
 
 def test_one_development_path_per_document_only_when_greedy():

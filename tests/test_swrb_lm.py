@@ -10,6 +10,7 @@ maximal-coupling joint laws, independently of the engine and of the code under t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -32,12 +33,14 @@ from kvdiverge.engine.swrb_rollout import swrb_rollout_document
 from kvdiverge.eviction import kept_positions
 from kvdiverge.io.swrb_records import (
     SwrbFormatError,
+    SwrbRollout,
     read_swrb_metadata,
     read_swrb_records,
     record_arrays,
     swrb_frame,
     write_swrb_records,
 )
+from kvdiverge.theory.coupling import tempered_kernel
 from kvdiverge.theory.survival import survival_weights
 
 V, EOS, H = 5, 4, 4
@@ -66,21 +69,39 @@ def setup():
             if not name.endswith("norm.weight"):
                 param.normal_(0, 0.8 if name.startswith("lm_head") else 0.3)
     ids = torch.randint(0, EOS, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    return model, ids, all_laws(model, ids)
+
+
+def all_laws(model, ids, temperature: float = 1.0) -> dict:
+    """(side, history) → the exact next-token law at ``temperature`` for every history of up
+    to H − 1 tokens, side ``p`` on the full cache and ``q`` on ACTION's evicted cache."""
     laws = {}
     for name, selector in (("p", {"name": "f", "selector": "full"}), ("q", ACTION)):
-        first, after = next_token_laws(model, ids, kept_positions(model, ids, selector))
+        kept = kept_positions(model, ids, selector)
+        first, after = next_token_laws(model, ids, kept, temperature)
         laws[name, ()] = first
         for leaf, probs in zip(itertools.product(range(V), repeat=H - 1), after, strict=True):
             for j in range(H - 1):
                 laws[name, leaf[: j + 1]] = probs[j]
-    return model, ids, laws
+    return laws
+
+
+def softmax_at(logits: torch.Tensor, temperature: float) -> np.ndarray:
+    """softmax(logits / T) along the last axis, in numpy float64 (T = 1: torch's own softmax,
+    as the untempered kernel has always been computed)."""
+    if temperature == 1:
+        return logits.double().softmax(-1).numpy()
+    z = logits.double().numpy() / temperature
+    z = np.exp(z - z.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
 
 
 @torch.no_grad()
-def next_token_laws(model, ids, kept) -> tuple[np.ndarray, np.ndarray]:
+def next_token_laws(model, ids, kept, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Plain transformers forwards: the law after the prompt, and (V^(H−1), H − 1, V) the laws
     after every prefix of every history of H − 1 tokens, fed at positions n.. over a
-    DynamicCache holding the kept prompt entries of every layer and KV head."""
+    DynamicCache holding the kept prompt entries of every layer and KV head; the laws are
+    softmax(logits / ``temperature``)."""
     n = len(ids)
     out = model(torch.tensor([ids]), use_cache=True)
     leaves = torch.tensor(list(itertools.product(range(V), repeat=H - 1)))
@@ -95,8 +116,7 @@ def next_token_laws(model, ids, kept) -> tuple[np.ndarray, np.ndarray]:
         cache.update(keys, values, layer)
     position = torch.arange(n, n + H - 1)[None].expand(batch, -1)
     logits = model(input_ids=leaves, position_ids=position, past_key_values=cache).logits
-    first = out.logits[0, -1].double().softmax(-1).numpy()
-    return first, logits.double().softmax(-1).numpy()
+    return softmax_at(out.logits[0, -1], temperature), softmax_at(logits, temperature)
 
 
 def kernel(laws, side: str, history: tuple[int, ...]) -> np.ndarray:
@@ -118,8 +138,11 @@ def coupling_joint(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def exact(setup):
+    return exact_values(setup[2])
+
+
+def exact_values(laws: dict) -> dict:
     """Exact E[I_t], p_s = P(τ = s), R_SMC, O_H and Π_H by enumerating the coupled paths."""
-    _, _, laws = setup
     states = {((), (), H + 1): 1.0}  # (x history, y history, τ) → probability
     mismatch = np.zeros(H)
     window = 0.0  # E[Σ_{j<ℓ_τ} I_{τ+j}]
@@ -253,6 +276,99 @@ def test_naive_engine_agrees_with_the_exact_values(setup, exact):
         within(v[f"div_cdf@{s}"], exact["cdf"][s - 1])
 
 
+T_LOW = 0.5  # a decoding temperature != 1 (rollout.temperature)
+
+
+@pytest.fixture(scope="module")
+def tempered(setup):
+    """The exact laws and values and the SWRB replicates at T = T_LOW."""
+    model, ids, _ = setup
+    laws = all_laws(model, ids, T_LOW)
+    result = swrb_rollout_document(
+        model, ids, [ACTION], "tiny", N_REP, [EOS], H, SEED, temperature=T_LOW
+    )
+    return laws, exact_values(laws), result[ACTION["name"]]
+
+
+def test_tempered_scan_laws_are_softmax_of_the_logits_over_T(tempered, setup):
+    """At T = 0.5, e_s on every sampled trunk is TV(softmax(z_P / T), softmax(z_Q / T)) of the
+    plain forward's logits z (not the T = 1 laws' TV), and U_s lies in that overlap's
+    support."""
+    laws, _, result = tempered
+    moved = 0.0
+    for r in range(40):
+        trunk = result.trunk[r]
+        for s in range(1, H + 1):
+            history = tuple(int(u) for u in trunk[: s - 1])
+            if -1 in history or EOS in history:
+                assert result.e[r, s - 1] == 0.0
+                continue
+            p, q = kernel(laws, "p", history), kernel(laws, "q", history)
+            assert result.e[r, s - 1] == pytest.approx(0.5 * np.abs(p - q).sum(), abs=2e-5)
+            p1, q1 = kernel(setup[2], "p", history), kernel(setup[2], "q", history)
+            moved = max(moved, abs(result.e[r, s - 1] - 0.5 * np.abs(p1 - q1).sum()))
+            if trunk[s - 1] >= 0:
+                assert min(p[trunk[s - 1]], q[trunk[s - 1]]) > 0
+    assert moved > 0.01  # the temperature changes the laws compared
+
+
+def test_tempered_swrb_estimators_are_unbiased(tempered, exact):
+    """At T = 0.5 the SWRB estimators match the exact values enumerated from the tempered
+    kernels, which differ from the T = 1 values by far more than the test's tolerance."""
+    _, exact_t, result = tempered
+    # sharper kernels: divergence by H is likelier than at T = 1 (0.88) but not certain
+    assert 0.1 < exact_t["p"].sum() < 0.995 and exact_t["Pi"] > 0.02
+    v = swrb_replicate_values(result.e, result.entry, result.mismatch, windows=[L])
+    checks = [("R_smc", "R"), ("O_H", "O"), ("Pi_H", "Pi"), (f"Z_L@{L}", "R_L")]
+    checks += [(f"div_cdf@{s}", ("cdf", s - 1)) for s in range(1, H + 1)]
+    for key, target in checks:
+        value, at_one = (
+            (exact_t[target[0]][target[1]], exact[target[0]][target[1]])
+            if isinstance(target, tuple)
+            else (exact_t[target], exact[target])
+        )
+        within(v[key], value)
+        se = v[key].std(ddof=1) / np.sqrt(v[key].size)
+        if key in ("R_smc", "O_H", "div_cdf@2", "div_cdf@4"):  # these tell T = 0.5 from 1
+            assert abs(value - at_one) > 6 * se, key
+
+
+def test_temperature_one_is_bit_identical_to_the_default(setup):
+    """temperature=1 (int or float) gives the default's records bit for bit: the kernel at
+    T = 1 is softmax(logits) itself, in the same float64 operations as before."""
+    model, ids, _ = setup
+    name = ACTION["name"]
+    default = swrb_rollout_document(model, ids, [ACTION], "tiny", 200, [EOS], H, SEED)[name]
+    for T in (1, 1.0):
+        at_one = swrb_rollout_document(
+            model, ids, [ACTION], "tiny", 200, [EOS], H, SEED, temperature=T
+        )[name]
+        for field in dataclasses.fields(SwrbRollout):
+            a, b = getattr(default, field.name), getattr(at_one, field.name)
+            if isinstance(a, np.ndarray):
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), field.name
+            else:
+                assert a == b, field.name
+    z = torch.randn(6, 11, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(tempered_kernel(z, 1.0), z.double().softmax(-1))
+    assert not torch.equal(tempered_kernel(z, T_LOW), z.double().softmax(-1))
+
+
+@pytest.mark.parametrize(
+    "T, message",
+    [
+        (0, "temperature: 0 (greedy) is not run by SWRB: greedy kernels are point masses"),
+        (-1.0, "temperature: expected a finite number > 0, got -1.0"),
+        (float("nan"), "temperature: expected a finite number > 0, got nan"),
+    ],
+)
+def test_swrb_refuses_greedy_and_bad_temperatures(setup, T, message):
+    model, ids, _ = setup
+    with pytest.raises(ValueError) as info:
+        swrb_rollout_document(model, ids, [ACTION], "tiny", 2, [EOS], H, SEED, temperature=T)
+    assert str(info.value).startswith(message)
+
+
 def test_document_estimates_and_bootstrap(swrb, exact):
     """Document means, pooled estimands and intervals: four pseudo-documents (replicate quarters)
     in two strata; point values are the pooled means, intervals contain them."""
@@ -374,6 +490,7 @@ def test_swrb_job_writes_records_and_tables(tmp_path):
         back = read_swrb_records(path)
         assert back.equals(frames[name]) and back.height == 12
         assert read_swrb_metadata(path)["K"] == {"study1": 6}
+        assert read_swrb_metadata(path)["temperature"] == 1.0
     # max_batch_rows = 4: one replicate of both actions per scan call, the same records
     chunked_out = {name: tmp_path / f"chunked-{name}.parquet" for name in actions}
     chunked = run_swrb_job(
@@ -432,3 +549,57 @@ def test_swrb_job_writes_records_and_tables(tmp_path):
     assert diff["ci_low"].item() <= diff["value"].item() <= diff["ci_high"].item()
     assert diff["n_paths"].item() == 24 and set(pooled["draws_dropped"]) <= set(range(201))
     assert {"Z_L@2", "W_L@2", "div_cdf@6", "mean_entry_time"} <= set(pooled["estimand"])
+
+
+def test_swrb_job_runs_at_a_temperature_and_records_it(tmp_path):
+    """run_swrb_job at T = 0.5: the records are swrb_documents_actions' at T = 0.5 (not its
+    T = 1 records), the metadata holds the temperature; T = 0 and a metadata key
+    ``temperature`` are refused in one line before the model loads."""
+    from kvdiverge.engine.swrb_job import swrb_documents_actions
+    from kvdiverge.models import eos_token_ids, load_model, load_tokenizer
+
+    prompt = "The river flows north past the mill. " * 6
+    documents = tmp_path / "documents.parquet"
+    pl.DataFrame(
+        {"doc_id": ["d/0"], "stratum": ["d"], "cohort": ["c"], "prompt": [prompt]}
+    ).write_parquet(documents)
+    model = {"path": "data/models/tiny-llama", "dtype": "float32"}
+    actions = {"recent-half": {"selector": "recent", "budget": 0.5}}
+    out = {"recent-half": tmp_path / "recent-half.parquet"}
+    frames = run_swrb_job(
+        documents, out, model, actions, {"recent-half": {"c": 8}}, H=6, seed=3, device="cpu",
+        temperature=0.5,
+    )  # fmt: skip
+    meta = read_swrb_metadata(out["recent-half"])
+    assert meta["temperature"] == 0.5 and meta["coupling"] == "swrb"
+    lm = load_model(model["path"], dtype="float32", device="cpu")
+    tokenizer = load_tokenizer(model["path"])
+    spec = [{"name": "recent-half", **actions["recent-half"]}]
+    direct = {
+        T: swrb_documents_actions(
+            lm,
+            tokenizer,
+            [("d/0", prompt, {"recent-half": 8})],
+            spec,
+            eos_token_ids(lm, tokenizer),
+            6,
+            3,
+            temperature=T,
+        )["recent-half"]
+        for T in (0.5, 1.0)
+    }
+    job, half, one = (record_arrays(f) for f in (frames["recent-half"], *direct.values()))
+    np.testing.assert_allclose(job["e"], half["e"], atol=1e-6)
+    assert (job["x_token"] == half["x_token"]).all() and (job["y_token"] == half["y_token"]).all()
+    assert not np.allclose(half["e"], one["e"], atol=1e-3)
+    missing = {"path": str(tmp_path / "no-model"), "dtype": "float32"}  # never loaded
+    for kwargs, message in (
+        ({"temperature": 0}, "temperature: 0 (greedy) is not run by SWRB"),
+        ({"metadata": {"temperature": 2}}, "metadata: key(s) temperature are set by the job"),
+    ):
+        with pytest.raises(ValueError) as info:
+            run_swrb_job(
+                documents, out, missing, actions, {"recent-half": {"c": 8}}, H=6, seed=3,
+                device="cpu", **kwargs,
+            )  # fmt: skip
+        assert str(info.value).startswith(message)

@@ -44,6 +44,7 @@ frames = run_swrb_job(
     cohorts={name: cohorts[name] for name in params.actions},
     H=params.H,
     seed=seed,
+    temperature=params.temperature,
     device=params.device,
     metadata={"lock": lock["hash"]},
     max_batch_rows=params.max_batch_rows,

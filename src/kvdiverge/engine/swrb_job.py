@@ -23,7 +23,7 @@ import polars as pl
 import torch
 
 from kvdiverge.engine.rollout_job import job_actions, load_checked_job
-from kvdiverge.engine.swrb_rollout import swrb_rollout_document
+from kvdiverge.engine.swrb_rollout import swrb_rollout_document, swrb_temperature_problem
 from kvdiverge.eviction import ActionSpec, parse_action, run_prefill
 from kvdiverge.io.swrb_records import (
     SWRB_METADATA_KEYS,
@@ -46,6 +46,7 @@ def swrb_documents_actions(
     H: int,
     seed: int,
     max_batch_rows: int | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, pl.DataFrame]:
     """SWRB records of many documents: one table per action, documents in the order given.
 
@@ -53,10 +54,14 @@ def swrb_documents_actions(
     mapping does not run it. One prefill per document serves all its actions. The actions with
     the same K scan together, two rows per (action, replicate); ``max_batch_rows`` (None: no
     limit) caps those rows per model call by running the replicates in chunks, which changes
-    no record (every uniform is keyed by replicate, :mod:`kvdiverge.engine.swrb_rollout`).
+    no record (every uniform is keyed by replicate, :mod:`kvdiverge.engine.swrb_rollout`);
+    ``temperature``: T > 0, the kernels are softmax(logits / T) (1: the model's own law).
     """
     if max_batch_rows is not None and max_batch_rows < 2:
         raise ValueError(f"max_batch_rows: expected at least 2, got {max_batch_rows}")
+    problem = swrb_temperature_problem(temperature)
+    if problem:
+        raise ValueError(f"temperature: {problem}")
     from kvdiverge.models import chat_prompt_ids
 
     specs = {
@@ -80,8 +85,9 @@ def swrb_documents_actions(
             for start in range(0, k, chunk):
                 reps = list(range(start, min(k, start + chunk)))
                 results = swrb_rollout_document(
-                    model, ids, group, doc_id, reps, eos_ids, H, seed, prefill=prefill
-                )
+                    model, ids, group, doc_id, reps, eos_ids, H, seed, prefill=prefill,
+                    temperature=temperature,
+                )  # fmt: skip
                 for name, result in results.items():
                     out[name].append(result)
     return {name: swrb_frame(results) for name, results in out.items()}
@@ -100,17 +106,19 @@ def run_swrb_job(
     max_batch_rows: int | None = None,
     log_file: Any = None,
     resume_key: Any = None,
+    temperature: float = 1.0,
 ) -> dict[str, pl.DataFrame]:
     """Run a job and write one SWRB record file per action (metadata as the trajectory files':
-    model, action, H, K (cohort → K), seed, ``coupling: swrb``, dtype, device, n_documents,
-    and ``documents``: the documents file and its SHA-256).
+    model, action, H, K (cohort → K), seed, ``coupling: swrb``, ``temperature``, dtype, device,
+    n_documents, and ``documents``: the documents file and its SHA-256).
 
     ``model``: ``path`` (a local folder) and optionally ``name``, ``dtype``, ``revision``,
     ``trust_remote_code``;
     ``out_paths``, ``actions`` (spec dicts) and ``cohorts`` are keyed by action name;
     ``metadata``: extra keys for every file (the pipeline's ``lock`` hash,
     docs/prespecification.md, "Fixed by the lock"); they may not replace the keys above;
-    ``max_batch_rows``: rows per scan call (:func:`swrb_documents_actions`).
+    ``max_batch_rows``: rows per scan call (:func:`swrb_documents_actions`); ``temperature``:
+    the decoding temperature T > 0 (``rollout.temperature``), the kernels softmax(logits / T).
 
     Before any work, the model and every document are checked as in a trajectory rollout job
     (:func:`kvdiverge.engine.rollout_job.load_checked_job`: one line naming the config field, the
@@ -123,13 +131,17 @@ def run_swrb_job(
     from tqdm import tqdm
 
     extra = dict(metadata or {})
-    clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "eos_ids", "documents"})
+    clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "temperature", "eos_ids", "documents"})
     if clash:
         raise ValueError(f"metadata: key(s) {', '.join(clash)} are set by the job")
+    problem = swrb_temperature_problem(temperature)
+    if problem:
+        raise ValueError(f"temperature: {problem}")
     specs = job_actions(actions, out_paths, cohorts)
     job = load_checked_job(documents_path, model, specs, cohorts, H, device)
     lm = job.model
-    scratch = job.open_scratch(out_paths, {"H": H, "seed": seed, "coupling": "swrb"}, resume_key)
+    settings = {"H": H, "seed": seed, "coupling": "swrb", "temperature": temperature}
+    scratch = job.open_scratch(out_paths, settings, resume_key)
     with tqdm(total=len(job.documents), file=log_file, unit="doc", mininterval=1.0) as bar:
         for document in job.documents:
             doc_id = document[0]
@@ -137,7 +149,7 @@ def run_swrb_job(
                 start = time.perf_counter()
                 frames = swrb_documents_actions(
                     lm, job.tokenizer, [document], list(specs.values()), job.eos_ids, H, seed,
-                    max_batch_rows,
+                    max_batch_rows, temperature,
                 )  # fmt: skip
                 scratch.save(doc_id, frames)
                 log.info(
@@ -163,6 +175,7 @@ def run_swrb_job(
                 "K": dict(cohorts[name]),
                 "seed": seed,
                 "coupling": "swrb",
+                "temperature": temperature,
                 "dtype": str(lm.dtype).removeprefix("torch."),
                 "device": str(lm.device),
                 "eos_ids": list(job.eos_ids),

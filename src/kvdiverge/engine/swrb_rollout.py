@@ -10,9 +10,12 @@ document, action a and replicate r this module runs, with the engine's batching
 1. The overlap scan. Two rows per (action, replicate): the P row on the full prompt cache and
    the Q row on the action's evicted cache, both fed the same trunk U. At step s,
    p_s = P(·|U_<s), q_s = Q^a(·|U_<s) (EOS ids merged into one outcome,
-   :func:`kvdiverge.theory.coupling.merge_eos`), e_s = TV(p_s, q_s), and U_s ~ c_s/(1 − e_s) with
-   c_s = min(p_s, q_s), by inverse CDF at the ``SWRB_SCAN`` stream. The residual candidates
-   X°_s ~ (p_s − c_s)/e_s (``REFERENCE``) and Y°_s ~ (q_s − c_s)/e_s (``RESIDUAL``) are drawn
+   :func:`kvdiverge.theory.coupling.merge_eos`; every kernel here, of the scan and of the
+   continuation, is softmax(logits / T) in float64 at the decoding temperature T > 0,
+   :func:`kvdiverge.theory.coupling.tempered_kernel`, as the naive engine's),
+   e_s = TV(p_s, q_s), and U_s ~ c_s/(1 − e_s) with c_s = min(p_s, q_s), by inverse CDF at
+   the ``SWRB_SCAN`` stream. The residual candidates X°_s ~ (p_s − c_s)/e_s (``REFERENCE``)
+   and Y°_s ~ (q_s − c_s)/e_s (``RESIDUAL``) are drawn
    at every scanned step from their own uniforms, so no law needs to be kept. A replicate's scan
    stops where e_s = 1 or U emits EOS (then e = 0 from there on, "End of sequence"). Step 1's
    laws are the prefill's, the same for P and Q (e_1 = 0). All scanning rows of all actions of
@@ -64,14 +67,32 @@ from kvdiverge.theory.coupling import (
     inverse_cdf,
     maximal_coupling_step,
     merge_eos,
+    tempered_kernel,
     tv,
 )
 from kvdiverge.theory.survival import survival_weights
 
-__all__ = ["SWRB_SALT", "swrb_rollout_document"]
+__all__ = ["SWRB_SALT", "swrb_rollout_document", "swrb_temperature_problem"]
 
 SWRB_SALT = 1
 """Salt of every SWRB uniform (the naive engine's are unsalted under ``shared-reference``)."""
+
+
+def swrb_temperature_problem(temperature: Any) -> str | None:
+    """Why SWRB cannot run at ``temperature``, in one phrase, or None for a finite T > 0.
+
+    At T = 0 (greedy) the kernels are point masses: e_s ∈ {0, 1}, the trunk is the greedy path
+    itself and M = 1{τ ≤ H}, so the scan has nothing to branch and no variance to remove; the
+    shared-reference coupling covers greedy decoding (one path per document)."""
+    t = temperature
+    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < float("inf"):
+        return f"expected a finite number > 0, got {t!r}"
+    if t == 0:
+        return (
+            "0 (greedy) is not run by SWRB: greedy kernels are point masses, so the SWRB trunk "
+            "has nothing to branch; use coupling shared-reference, which covers greedy decoding"
+        )
+    return None
 
 
 def _stream(seed: int, doc: int, reps: np.ndarray, steps: Any, stream: Stream) -> np.ndarray:
@@ -104,6 +125,7 @@ def _scan(
     doc: int,
     eos_ids: Sequence[int],
     fused: bool,
+    temperature: float,
 ) -> dict[str, Any]:
     """The overlap scans of all chains (action-major, k per action) in one batch per step.
 
@@ -122,7 +144,7 @@ def _scan(
     groups = [torch.arange(n, device=device)]
     groups += [n + a * k + torch.arange(k, device=device) for a in range(len(prompts))]
     shared = SharedPrefix(groups, [full, *prompts], fused)
-    first = merge_eos(prefill.last_logits.double().softmax(-1), eos_ids)
+    first = merge_eos(tempered_kernel(prefill.last_logits, temperature), eos_ids)
     p = q = first.expand(n, -1)
     e = torch.zeros((n, H), dtype=torch.float64, device=device)
     trunk = torch.full((n, H), -1, dtype=torch.long, device=device)
@@ -135,7 +157,7 @@ def _scan(
         if t > 1:
             tokens = torch.cat([u_prev, u_prev])
             logits = decode_step(model, tokens, prefill.n + t - 2, cache, shared)
-            probs = merge_eos(logits.double().softmax(-1), eos_ids, inplace=True)
+            probs = merge_eos(tempered_kernel(logits, temperature), eos_ids, inplace=True)
             p, q = probs[:n], probs[n:]
         evaluated += scanning
         c = torch.minimum(p, q)
@@ -175,6 +197,7 @@ def _continue(
     doc: int,
     eos_ids: Sequence[int],
     fused: bool,
+    temperature: float,
 ) -> np.ndarray:
     """The coupled continuations J + 1..H of every branching chain, one model call per step.
 
@@ -239,7 +262,7 @@ def _continue(
         fed = np.where(row_side == 0, x_tok[row_chain, t - 2], y_tok[row_chain, t - 2])
         tokens = torch.from_numpy(fed).to(device)
         logits = decode_step(model, tokens, prefill.n + t - 2, cache, shared)
-        probs = merge_eos(logits.double().softmax(-1), eos_ids, inplace=True)
+        probs = merge_eos(tempered_kernel(logits, temperature), eos_ids, inplace=True)
         p = point_mass.expand(n, -1).clone()
         q = p.clone()
         rc = torch.from_numpy(row_chain).to(device)
@@ -277,15 +300,21 @@ def swrb_rollout_document(
     seed: int,
     fused_attention: bool = True,
     prefill: Prefill | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, SwrbRollout]:
     """SWRB replicates of one document under several actions (module docstring).
 
     One prefill serves every action; each action's kept entries are gathered from it once. The
     scans of all actions and replicates decode as one batch, then their continuations as
-    another. ``replicates``: K or explicit replicate indices. Returns ``{action: SwrbRollout}``.
+    another. ``replicates``: K or explicit replicate indices; ``temperature``: T > 0, the
+    kernels P and Q are softmax(logits / T) (T = 1, the default: the model's own law, bit for
+    bit the untempered kernel). Returns ``{action: SwrbRollout}``.
     """
     if isinstance(H, bool) or not isinstance(H, int | np.integer) or H < 1:
         raise ValueError(f"H: expected an integer >= 1, got {H!r}")
+    problem = swrb_temperature_problem(temperature)
+    if problem:
+        raise ValueError(f"temperature: {problem}")
     if not eos_ids:
         raise ValueError("eos_ids: at least one EOS token id is needed")
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
@@ -301,7 +330,10 @@ def swrb_rollout_document(
     end = canonical_eos(eos_ids)
     assert model_device(model) == prefill.keys[0].device
     with attention_implementation(model, ATTENTION_NAME):
-        scan = _scan(model, prefill, prompts, chain_reps, k, H, seed, doc, eos_ids, fused_attention)
+        scan = _scan(
+            model, prefill, prompts, chain_reps, k, H, seed, doc, eos_ids, fused_attention,
+            temperature,
+        )  # fmt: skip
         w, M = survival_weights(scan["e"])
         n = chain_reps.size
         u_entry = _stream(seed, doc, chain_reps, 0, Stream.SWRB_ENTRY)
@@ -327,6 +359,7 @@ def swrb_rollout_document(
             doc,
             eos_ids,
             fused_attention,
+            temperature,
         )
     out = {}
     for a, spec in enumerate(specs):

@@ -2,13 +2,13 @@
 and what it implies for the studies' replicates, run at parse time by
 :func:`kvdiverge.config.check_config`.
 
-The rollout jobs' kernels are softmax(logits / T) (``RolloutSettings.temperature``); T = 1 is
-the model's own law (the paper's setting) and T = 0 is greedy decoding, the point mass on the
-argmax. At T = 0 every replicate of a document is the same path, so more than one replicate
-buys nothing: every study runs K = K_dev = K_control = 1 (:func:`greedy_replicates`, one note
-line per study that asked for more), and the sample-size plan, whose within-document variance
-is then exactly 0, accepts one development path per document
-(:func:`kvdiverge.analysis.planning.development_paths`).
+The rollout jobs' kernels are softmax(logits / T) (``RolloutSettings.temperature``; the SWRB
+jobs' ``temperature``, at T > 0 only); T = 1 is the model's own law (the paper's setting) and
+T = 0 is greedy decoding, the point mass on the argmax. At T = 0 every replicate of a document
+is the same path, so more than one replicate buys nothing: every study runs
+K = K_dev = K_control = 1 (:func:`greedy_replicates`, one note line per study that asked for
+more), and the sample-size plan, whose within-document variance is then exactly 0, accepts one
+development path per document (:func:`kvdiverge.analysis.planning.development_paths`).
 """
 
 from __future__ import annotations
@@ -27,17 +27,22 @@ def rollout_temperature(config: Mapping[str, Any]) -> float:
 
 def decoding_problem(config: Mapping[str, Any]) -> str | None:
     """The one line refusing a temperature the rollouts cannot run, or None: not a
-    finite number >= 0, SWRB (``rollout.coupling: swrb``, whose engine draws from the model's
-    own law) at T != 1, and a study planning from one development path per document
-    (``K_dev`` 1) at T != 0, where the plan needs the within-document variance."""
+    finite number >= 0, SWRB (``rollout.coupling: swrb``) at T = 0, and a study planning from
+    one development path per document (``K_dev`` 1) at T != 0, where the plan needs the
+    within-document variance.
+
+    SWRB runs at every T > 0 (its kernels are softmax(logits / T), as the other couplings').
+    At T = 0 the kernels are point masses, so e_s ∈ {0, 1}, the trunk is the greedy path itself
+    and M = 1{τ ≤ H}: the trunk has nothing to branch, and the shared-reference coupling already
+    gives greedy decoding's exact answer with one path per document."""
     T = rollout_temperature(config)
     if isinstance(T, bool) or not isinstance(T, int | float) or not math.isfinite(T) or T < 0:
         return f"config.rollout.temperature: expected a finite number >= 0 (0: greedy), got {T!r}"
-    if T != 1 and config.get("rollout", {}).get("coupling") == "swrb":
+    if T == 0 and config.get("rollout", {}).get("coupling") == "swrb":
         return (
-            f"config.rollout.temperature: {T:g}, but rollout.coupling swrb samples at the "
-            "model's own temperature only; expected 1, or coupling shared-reference or "
-            "independent"
+            "config.rollout.temperature: 0 (greedy), but rollout.coupling swrb needs T > 0: "
+            "greedy kernels are point masses, so the SWRB trunk has nothing to branch; expected "
+            "a temperature > 0, or coupling shared-reference, which covers greedy decoding"
         )
     if T == 0:
         return None

@@ -48,7 +48,7 @@ def rollout_params(study, group, stage):
     swrb_rollout.py for an evaluation under `rollout.coupling: swrb`): the stage (`dev`, or
     `evaluation` under the group's lock, which fixes the replicates and the seed), the model,
     the group's actions, H, the seed, the coupling, the decoding temperature (rollout.temperature;
-    swrb runs at 1 only), rows per model call, the device, the code
+    swrb runs at any T > 0, not greedy), rows per model call, the device, the code
     fingerprint; and the development replicates for `dev`."""
     params = {
         "stage": stage,
