@@ -1,6 +1,8 @@
 """End to end under ``rollout.coupling: swrb`` (docs/swrb.md, "Switching it on"): the
 development rollouts (shared-reference), plan and lock, the SWRB evaluation job, the SWRB
-estimands table and its divergence CDF figures, on one tiny demo model, one stratum and H = 8.
+estimands table and its divergence CDF figures, on one tiny demo model, one stratum and H = 8,
+at decoding temperature T = 0.5 (``rollout.temperature``: the lock, the development trajectories
+and the SWRB record files carry it).
 The table's values are recomputed here from the raw record files with the closed forms
 (M = 1 − Π_s(1 − e_s), P(τ ≤ t | U) = 1 − Π_{s≤t}(1 − e_s)), not with the analysis code."""
 
@@ -20,6 +22,7 @@ from kvdiverge.io.trajectories import read_trajectory_metadata
 
 FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
 H = 8
+T = 0.5
 ACTIONS = ["snapkv-half", "recent-half", "full"]
 RULES = [
     "dev_rollout_study1",
@@ -33,7 +36,8 @@ RULES = [
 
 def _config() -> dict:
     """configs/tiny.yaml cut down: tiny-llama, the fixture's stratum, study 1 with three
-    actions and a pinned K = 2, H = 8, ``rollout.coupling: swrb``."""
+    actions and a pinned K = 2, H = 8, ``rollout.coupling: swrb`` at ``rollout.temperature``
+    0.5."""
     config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     config["models"] = {"tiny-llama": config["models"]["tiny-llama"]}
     config["datasets"]["strata"] = [{"env": "ruler", "label": "1024", "target_tokens": 1024}]
@@ -47,7 +51,7 @@ def _config() -> dict:
             "bootstrap_draws": 200,
         }
     }
-    config["rollout"].update(H=H, coupling="swrb")
+    config["rollout"].update(H=H, coupling="swrb", temperature=T)
     config["analysis"]["contrasts"] = {"study1": [["recent-half", "snapkv-half"]]}
     config["analysis"]["prediction"]["pairs"] = {}
     return config
@@ -96,15 +100,18 @@ def test_swrb_coupling_runs_from_the_config_to_the_tables(tmp_path):
 
     lock = read_lock(work / "results/study1/lock.json")
     assert lock["design"]["coupling"] == "swrb" and lock["design"]["K"] == 2
+    assert lock["design"]["temperature"] == T
     records = {a: work / f"results/study1/tiny-llama/swrb/{a}/ruler-1024.parquet" for a in ACTIONS}
     study_docs = ["ruler-1024/study1/000", "ruler-1024/study1/001", "ruler-1024/study1/002"]
     values = {}
     for action, path in records.items():
         meta = read_swrb_metadata(path)
         assert meta["coupling"] == "swrb" and meta["lock"] == lock["hash"]
+        assert meta["temperature"] == T
         assert meta["K"] == {"study1": 2} and meta["H"] == H and meta["n_documents"] == 3
         dev = work / f"results/study1/tiny-llama/dev/trajectories/{action}/ruler-1024.parquet"
-        assert read_trajectory_metadata(dev)["coupling"] == "shared-reference"
+        dev_meta = read_trajectory_metadata(dev)
+        assert dev_meta["coupling"] == "shared-reference" and dev_meta["temperature"] == T
         values[action] = _document_values(path)
         assert values[action]["doc_id"].to_list() == study_docs
     assert (values["recent-half"]["O_H"] > 0).all()  # evicting half the prompt diverges

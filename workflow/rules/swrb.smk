@@ -74,6 +74,7 @@ rule swrb_figures:
     params:
         actions=study_compared_actions,
         control=study_control,
+        labels=lambda w: study_labels(w),  # workflow/rules/helpers/figures.smk
         code=script_code("study_figures.py"),
     script:
         "../scripts/study_figures.py"
