@@ -105,7 +105,11 @@ def job_counts(
 
 
 def shapes(
-    names: Sequence[str], lengths: Sequence[int], H: int, docs: tuple[int, int] = (2, 3)
+    names: Sequence[str],
+    lengths: Sequence[int],
+    H: int,
+    docs: tuple[int, int] = (2, 3),
+    K: int = 4,
 ) -> list[Shape]:
     out = []
     if "default" in names:  # config.yaml: 768-token strata, 2 dev + 2 study1 documents
@@ -114,12 +118,12 @@ def shapes(
         for n in lengths:
             out.append(Shape(f"cpu-study {n // 1024}K", n - H, H, job_counts(4, 2, 2, 2, 3)))
     # the replication's jobs (configs/cpu-study.yaml's studies at the given H and lengths): one
-    # stratum's development + evaluation documents (``docs``: 2 + 3), K = 4, K_dev = K_control = 2
+    # stratum's development + evaluation documents (``docs``: 2 + 3), K (4), K_dev = K_control = 2
     for study, actions in (("study1", ACTIONS), ("study2", STUDY2_ACTIONS)):
         if study in names:
             for n in lengths:
-                counts = job_counts(4, 2, 2, *docs, actions)
-                name = f"{study} {n // 1024}K H={H} ({docs[0]} dev + {docs[1]} eval docs)"
+                counts = job_counts(K, 2, 2, *docs, actions)
+                name = f"{study} {n // 1024}K H={H} K={K} ({docs[0]} dev + {docs[1]} eval docs)"
                 out.append(Shape(name, n - H, H, counts, tuple(actions)))
     return out
 
@@ -455,6 +459,9 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--H", type=int, default=32)
     parser.add_argument(
+        "--K", type=int, default=4, help="evaluation replicates of the study1/study2 shapes"
+    )
+    parser.add_argument(
         "--documents",
         type=int,
         nargs=2,
@@ -499,7 +506,7 @@ def main() -> None:
     rows = args.rows or default_rows()
     out = []
     for name in args.models:
-        for shape in shapes(args.shapes, args.lengths, args.H, tuple(args.documents)):
+        for shape in shapes(args.shapes, args.lengths, args.H, tuple(args.documents), args.K):
             for i, layout in enumerate(args.layouts):
                 baseline = not args.no_baseline and i == 0  # the baseline once per shape
                 out.append(run(name, shape, rows, baseline, args.device, args.dtype, layout))

@@ -1,0 +1,118 @@
+"""Benchmark: what bounds a decoding call's prompt attention on the CPU, against the GEMM rate.
+
+A document's decoding rows give Q = rows × G queries per KV head (G = 3 for SmolLM2) against
+its n prompt entries; in a rollout job Q is a few dozen (a K = 4 document: about 9 rows in its
+prompt pass, ``benchmarks/README.md``, "Prompt attention kernels"). This prints, per (n, Q),
+useful GFLOP/s (4·d per query–entry pair) and their ratio to the 2048×576×1536 float32 GEMM
+measured in the same process, one thread, CPU time (``time.process_time``: the rate of the
+thread while it ran, so that another process on the machine costs less of the measurement):
+
+* ``flash hot``: the CPU flash kernel the engine uses (``aten::_scaled_dot_product_flash_
+  attention_for_cpu``) on one layer's keys and values, again and again (they stay in cache);
+* ``flash cold``: the same over 30 layers × 4 documents of distinct keys and values, as in a
+  decoding step (every layer's prompt cache comes from memory);
+* ``products cold``: the two matrix products alone (scores = q·Kᵀ, then W·V with W the scores),
+  over the same cold caches: the arithmetic an attention kernel cannot avoid, at the matrix
+  rate of these shapes;
+* ``whole cold``: a kernel made of those two products with the softmax between them in
+  elementwise passes (max, subtract, clamp at −87 so that ``exp`` stays on its fast path,
+  ``exp``, sum), the alternative to the flash kernel measured for issue 29;
+* ``masked 50%``: the flash kernel, cold, with half of every row's entries masked out by an
+  additive −inf mask (the masked prompt pass of a half-budget action).
+
+Usage: ``python benchmarks/prompt_kernels.py [--lengths 4064 8064] [--queries 27 81 243]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+GEMM = (2048, 576, 1536)
+H_KV, D, LAYERS, DOCS = 3, 64, 30, 4
+
+
+def best(fn, rounds: int = 3, reps: int = 1) -> float:
+    """The least CPU seconds per call of ``fn`` over ``rounds`` rounds of ``reps`` calls."""
+    fn()
+    out = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        for _ in range(reps):
+            fn()
+        out = min(out, (time.process_time() - start) / reps)
+    return out
+
+
+def gemm_rate() -> float:
+    m, k, n = GEMM
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    return 2 * m * k * n / best(lambda: a @ b, 5, 10) / 1e9
+
+
+def whole(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    s = torch.bmm(q * scale, k.transpose(1, 2))
+    m = s.amax(-1, keepdim=True)
+    s.sub_(m).clamp_min_(-87.0).exp_()
+    total = s.sum(-1, keepdim=True)
+    return torch.bmm(s, v).div_(total), m + total.log()
+
+
+def measure(n: int, n_q: int) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(0)
+    caches = [
+        (torch.randn(H_KV, n, D, generator=gen), torch.randn(H_KV, n, D, generator=gen))
+        for _ in range(LAYERS * DOCS)
+    ]
+    q = torch.randn(H_KV, n_q, D, generator=gen)
+    drop = torch.rand(H_KV, 1, n, generator=gen) < 0.5
+    bias = torch.zeros(H_KV, n_q, n).masked_fill_(drop, float("-inf"))
+    scale = D**-0.5
+    k0, v0 = caches[0]
+    flops = 4 * H_KV * n_q * n * D
+
+    def cold(fn):
+        return lambda: [fn(k, v) for k, v in caches]
+
+    def flash(k, v, mask=None):
+        return FLASH(q[None], k[None], v[None], 0.0, False, attn_mask=mask, scale=scale)
+
+    each = len(caches)
+    times = {
+        "flash hot": best(lambda: flash(k0, v0), 5, 20),
+        "flash cold": best(cold(flash)) / each,
+        "products cold": best(cold(lambda k, v: torch.bmm(torch.bmm(q, k.transpose(1, 2)), v)))
+        / each,
+        "whole cold": best(cold(lambda k, v: whole(q, k, v, scale))) / each,
+        "masked 50%": best(cold(lambda k, v: flash(k, v, bias[None]))) / each,
+    }
+    return {name: flops / t / 1e9 for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4064, 8064])
+    parser.add_argument("--queries", type=int, nargs="+", default=[27, 81, 243])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread, CPU time; GEMM {'×'.join(map(str, GEMM))} float32")
+    print()
+    cols = ("flash hot", "flash cold", "products cold", "whole cold", "masked 50%")
+    print("| n | Q per KV head | GEMM GFLOP/s | " + " | ".join(cols) + " |")
+    print("|---:|---:|---:|" + "---:|" * len(cols))
+    for n in args.lengths:
+        for n_q in args.queries:
+            before = gemm_rate()
+            rates = measure(n, n_q)
+            after = gemm_rate()
+            g = (before + after) / 2
+            flag = " ⚑" if abs(after - before) > 0.2 * min(after, before) else ""
+            cells = " | ".join(f"{rates[c]:.0f} ({rates[c] / g:.0%})" for c in cols)
+            print(f"| {n} | {n_q} | {before:.0f}–{after:.0f}{flag} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
