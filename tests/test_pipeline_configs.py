@@ -52,6 +52,7 @@ def _expected_jobs() -> dict[str, int]:
         # each study names a baseline: its contrasts and summary sentences
         "study_contrasts": sum(1 for s in studies if PAPER["studies"][s].get("baseline")),
         "accuracy": len(studies),
+        "study_generations": len(studies),  # each study's generations page of the report
         "introductory_figure": 1,
         "finite_state_systems": 1,
         "finite_state_figures": 1,
