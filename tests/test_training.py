@@ -241,6 +241,17 @@ def test_workflow_refuses_stale_weights_at_parse_time(tmp_path):
     assert bad.returncode != 0
     retrain = f"rm -r data/models/{name} && snakemake --cores 2 data/models/{name}"
     assert retrain in bad.stdout + bad.stderr
+    # run with a config file, as the README runs configs/tiny.yaml: the command carries it
+    (work / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "tiny.yaml", work / "configs" / "tiny.yaml")
+    options = ["--configfile", "configs/tiny.yaml", "--replace-workflow-config"]
+    named = subprocess.run([*cmd, *options], cwd=work, capture_output=True, text=True, env=env)
+    assert named.returncode != 0
+    retrain = (
+        f"rm -r data/models/{name} && snakemake --cores 2 --configfile configs/tiny.yaml "
+        f"--replace-workflow-config data/models/{name}"
+    )
+    assert retrain in named.stdout + named.stderr
     shutil.rmtree(work / "data" / "models" / name)  # deleted weights: the rule retrains them
     again = subprocess.run(
         [*cmd, f"data/models/{name}"], cwd=work, capture_output=True, text=True, env=env

@@ -11,15 +11,23 @@ include: "helpers/models.smk"
 
 
 if demo_models():  # the training code imports torch: not loaded for configs without demo models
-    from kvdiverge.models.training import check_demo_model_folder, demo_model_fingerprint
+    from kvdiverge.models.training import (
+        StaleModelError,
+        check_demo_model_folder,
+        demo_model_fingerprint,
+    )
 
 for _name in demo_models():
-    if check_demo_model_folder(
-        model_path(_name),
-        config["models"][_name],
-        config["models"][_name]["seed"],
-        where=f"config.models.{_name}",
-    ):  # committed weights, current: no retraining for the script's modification time
+    try:
+        _current = check_demo_model_folder(
+            model_path(_name),
+            config["models"][_name],
+            config["models"][_name]["seed"],
+            where=f"config.models.{_name}",
+        )
+    except StaleModelError as _stale:  # the retrain command with this run's config files
+        raise StaleModelError(retrain_hint(str(_stale))) from None
+    if _current:  # committed weights, current: no retraining for the script's modification time
         keep_build_script_older(model_path(_name))
 
 

@@ -23,3 +23,15 @@ def keep_build_script_older(folder):
     if info.st_mtime_ns >= folder_ns:
         before = folder_ns - 1_000_000_000
         os.utime(script, ns=(info.st_atime_ns, before))
+
+
+def retrain_hint(message):
+    """A stale demo model's one line with the retrain command of this run: its `snakemake`
+    carries the run's --configfile options (a demo model's rules exist only under a config that
+    names it, e.g. configs/tiny.yaml), with --replace-workflow-config as a run of such a
+    config needs (config.yaml's own keys would otherwise stay merged in)."""
+    files = [os.path.relpath(f) for f in workflow.overwrite_configfiles]
+    if not files:
+        return message
+    options = " ".join(f"--configfile {f}" for f in files) + " --replace-workflow-config"
+    return message.replace("snakemake --cores 2 ", f"snakemake --cores 2 {options} ")
