@@ -5,7 +5,8 @@ Usage: python workflow/scripts/write_essays.py [SOURCE] [OUT]
 
 SOURCE defaults to macdowell-critical-and-historical-essays.txt in the folder data/essays/ of the
 project's shared data (a folder "shared" beside the checkout, outside the repository), OUT to
-data/fixtures/essays/macdowell-critical-and-historical-essays.txt. The cleaning, :func:`clean`, keeps the book's prose and drops what is not prose:
+data/fixtures/essays/macdowell-critical-and-historical-essays.txt. The cleaning, :func:`clean`,
+keeps the book's prose and drops what is not prose:
 
 1. the transcriber's notes and the title page: every line before the first ``PREFACE`` line;
 2. the table of contents: the lines from ``CONTENTS`` up to (not including) the second
