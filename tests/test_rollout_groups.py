@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 import torch
 import yaml
+from workflow_helpers import fixture_stratum_config
 
 from kvdiverge.config import ConfigError, action_groups, check_config, study_groups
 from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
@@ -188,19 +189,7 @@ def _config(groups: dict | None) -> dict:
     if groups:
         study["actions"] = [a for members in groups.values() for a in members]
         study["groups"] = groups
-    return {
-        "rollout": {"H": 8},
-        "datasets": {
-            "strata": [{"env": "ruler", "label": "1024", "target_tokens": 1024}],
-            "cohorts": {"dev": 2, "study1": 3, "study2": 2},
-        },
-        "analysis": {
-            "contrasts": {"study1": [["recent-half", "snapkv-half"]], "study2": []},
-            "prediction": {"pairs": {"study1": ["recent-half", "snapkv-half"]}},
-            "planning": {"max_K": 2},
-        },
-        "studies": {"study1": study},
-    }
+    return fixture_stratum_config(H=8, max_K=2, studies={"study1": study})
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import math
 import polars as pl
 import pytest
 import yaml
-from workflow_helpers import ROOT, package_env, run_snakemake, workflow_copy
+from workflow_helpers import ROOT, fixture_stratum_config, package_env, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.prespecification import read_lock, registration_line
 from kvdiverge.config import ConfigError, check_config
@@ -79,18 +79,10 @@ def test_summary_paragraphs_pair_each_title_with_its_sentences():
     ]
 
 
-SMALL = {
-    "rollout": {"H": 10},
-    "datasets": {
-        "strata": [{"env": "ruler", "label": "1024", "target_tokens": 1024}],
-        "cohorts": {"dev": 2, "study1": 3, "study2": 2},
-    },
-    "analysis": {
-        "contrasts": {"study1": [["recent-half", "snapkv-half"]], "study2": []},
-        "prediction": {"pairs": {"study1": ["recent-half", "snapkv-half"]}},
-        "planning": {"max_K": 2},
-    },
-    "studies": {
+SMALL = fixture_stratum_config(
+    H=10,
+    max_K=2,
+    studies={
         "study1": {
             "actions": ["snapkv-half", "recent-half", "recent-90", "full"],
             "K": 2,
@@ -101,7 +93,7 @@ SMALL = {
         },
         "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 2},
     },
-}
+)
 
 
 def _documents_with_lengths(path) -> None:

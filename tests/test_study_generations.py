@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 import yaml
 from browser_helpers import CHROMIUM, has_colour, render_in_chromium
-from workflow_helpers import ROOT, package_env, run_snakemake, workflow_copy
+from workflow_helpers import ROOT, fixture_stratum_config, package_env, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.accuracy import document_metrics
 from kvdiverge.compare import compare
@@ -181,19 +181,10 @@ def test_the_page_renders_in_headless_chromium(rolled_out, tmp_path):
     assert has_colour(pixels, (0xCF, 0xE3, 0xF7)) and has_colour(pixels, (0xFB, 0xD9, 0xC3))
 
 
-SMALL = {
-    "actions": {"snapkv-half": {"selector": "snapkv", "budget": 0.5, "label": "SnapKV, half"}},
-    "rollout": {"H": 8},
-    "datasets": {
-        "strata": [{"env": "ruler", "label": "1024", "target_tokens": 1024}],
-        "cohorts": {"dev": 2, "study1": 3, "study2": 2},
-    },
-    "analysis": {
-        "contrasts": {"study1": [["recent-half", "snapkv-half"]], "study2": []},
-        "prediction": {"pairs": {"study1": ["recent-half", "snapkv-half"]}},
-        "planning": {"max_K": 2},
-    },
-    "studies": {
+SMALL = fixture_stratum_config(
+    H=8,
+    max_K=2,
+    studies={
         "study1": {
             "actions": ["snapkv-half", "recent-half", "full"],
             "K": 2,
@@ -203,7 +194,8 @@ SMALL = {
         },
         "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 2},
     },
-}
+    actions={"snapkv-half": {"selector": "snapkv", "budget": 0.5, "label": "SnapKV, half"}},
+)
 
 
 @pytest.mark.slow

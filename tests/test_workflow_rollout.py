@@ -11,32 +11,30 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-from workflow_helpers import ROOT, package_env, planned_jobs, run_snakemake, workflow_copy
+from workflow_helpers import (
+    ROOT,
+    fixture_stratum_config,
+    package_env,
+    planned_jobs,
+    run_snakemake,
+    workflow_copy,
+)
 
 from kvdiverge.analysis.prespecification import read_lock
 from kvdiverge.io.locks import evaluation_seed
 from kvdiverge.io.trajectories import read_trajectories, read_trajectory_metadata
 
 FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
-SMALL = {
-    "rollout": {"H": 10},
-    # the fixture's stratum alone: each study's plan reads every stratum's development files
-    "datasets": {
-        "strata": [{"env": "ruler", "label": "1024", "target_tokens": 1024}],
-        "cohorts": {"dev": 2, "study1": 3, "study2": 2},
-    },
-    # study 1 without snapkv-512 here: its contrasts and prediction pair follow
-    "analysis": {
-        "contrasts": {"study1": [["recent-half", "snapkv-half"]], "study2": []},
-        "prediction": {"pairs": {"study1": ["recent-half", "snapkv-half"]}},
-        "planning": {"max_K": 3},
-    },
-    "studies": {
-        # study 1 takes K from its plan, study 2 pins it
+# study 1 without snapkv-512 here: its contrasts and prediction pair follow; study 1 takes K
+# from its plan, study 2 pins it
+SMALL = fixture_stratum_config(
+    H=10,
+    max_K=3,
+    studies={
         "study1": {"actions": ["snapkv-half", "recent-half", "full"], "K": "plan", "K_dev": 2},
         "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 2, "K_control": 1},
     },
-}
+)
 
 
 def _workdir(tmp_path: Path, package: bool = False) -> Path:

@@ -110,3 +110,24 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
         if parts[0] != "total":
             counts[parts[0]] = int(parts[1])
     return counts
+
+
+def fixture_stratum_config(H: int, max_K: int, studies: dict, **extra) -> dict:
+    """A config override for the tiny workflow on the fixture's stratum alone (ruler-1024 of
+    tests/data/documents; each study's plan reads every stratum's development files): horizon
+    ``H``, study 1's contrast and prediction pair recent-half against SnapKV-half, the plan
+    bounded at ``max_K``, the given ``studies``, and any further top-level keys."""
+    return {
+        **extra,
+        "rollout": {"H": H},
+        "datasets": {
+            "strata": [{"env": "ruler", "label": "1024", "target_tokens": 1024}],
+            "cohorts": {"dev": 2, "study1": 3, "study2": 2},
+        },
+        "analysis": {
+            "contrasts": {"study1": [["recent-half", "snapkv-half"]], "study2": []},
+            "prediction": {"pairs": {"study1": ["recent-half", "snapkv-half"]}},
+            "planning": {"max_K": max_K},
+        },
+        "studies": studies,
+    }
