@@ -35,6 +35,9 @@ Usage::
     # today's gathered prompt attention beside the chosen layout:
     python benchmarks/throughput.py --models smollm2 --shapes study1 study2 --lengths 4096 8192 \
         --H 128 --layouts gathered auto --threads 1
+    # the native prompt kernel beside the library kernels, one after the other in one process:
+    python benchmarks/throughput.py --models smollm2 --shapes study1 --lengths 4096 \
+        --H 128 --kernels native library --threads 1
 
 Every ratio is printed with the GEMM rate it was taken against (the mean of the rates measured
 before and after the job, and after the baseline) and a flag ("GEMM moved") when those rates
@@ -330,6 +333,7 @@ def run(
     device: str,
     dtype: str,
     layout: str = "auto",
+    kernel: str = "native",
 ) -> dict:
     model = load_model(str(MODELS[model_name]), device=device, dtype=dtype)
     tokenizer = load_tokenizer(str(MODELS[model_name]))
@@ -341,14 +345,20 @@ def run(
     counter = FlopCounter(model)
     run_prefill(model, prompts[0][:64])  # warm-up: first-call allocations and kernel choice
     gemm = [gemm_rate(model)]
-    settings = RolloutSettings(shape.H, 1, max_batch_rows=rows, prompt_attention=layout)
+    settings = RolloutSettings(
+        shape.H,
+        1,
+        max_batch_rows=rows,
+        prompt_attention=layout,
+        native_attention=kernel == "native",
+    )
     dec = measure_job(model, docs, eos, settings, counter, shape.actions)
     prefill = dec.pop("prefill")
     gemm.append(gemm_rate(model))
     out = {
         "model": f"{model_name} ({str(model.dtype).removeprefix('torch.')})",
         "shape": shape.name,
-        "layout": layout,
+        "layout": f"{layout}, {kernel}",
         "n": shape.n,
         "prefill": prefill,
         "decode": dec,
@@ -483,6 +493,13 @@ def main() -> None:
         help="RolloutSettings.prompt_attention values to time, one after the other",
     )
     parser.add_argument(
+        "--kernels",
+        nargs="+",
+        default=["native"],
+        choices=["native", "library"],
+        help="prompt kernels to time (RolloutSettings.native_attention), one after the other",
+    )
+    parser.add_argument(
         "--model-path", action="append", default=[], help="NAME=FOLDER: a model's folder"
     )
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
@@ -507,9 +524,12 @@ def main() -> None:
     out = []
     for name in args.models:
         for shape in shapes(args.shapes, args.lengths, args.H, tuple(args.documents), args.K):
-            for i, layout in enumerate(args.layouts):
+            runs = [(layout, kernel) for layout in args.layouts for kernel in args.kernels]
+            for i, (layout, kernel) in enumerate(runs):
                 baseline = not args.no_baseline and i == 0  # the baseline once per shape
-                out.append(run(name, shape, rows, baseline, args.device, args.dtype, layout))
+                out.append(
+                    run(name, shape, rows, baseline, args.device, args.dtype, layout, kernel)
+                )
                 if not baseline and "baseline_path_seconds" in out[-1 - i]:
                     out[-1]["baseline_path_seconds"] = out[-1 - i]["baseline_path_seconds"]
                 print(f"max_batch_rows {rows}", file=sys.stderr)

@@ -176,7 +176,7 @@ def test_masked_pass_equals_gathered_parts_with_ragged_and_empty_heads():
     """The attention function itself: a pass over the full prompt with per-group masks (a
     ragged kept set with heads of different counts, a head keeping nothing, a group keeping
     everything) equals the gathered layout (ragged parts padded with their mask) to rounding,
-    on the fused kernel and on the plain path."""
+    on the native prompt kernel, the library's fused kernel and the plain path."""
     gen = torch.Generator().manual_seed(3)
     n_kv, groups, d, n, layers = 2, 3, 16, 40, 2
     prompt = [
@@ -202,11 +202,12 @@ def test_masked_pass_equals_gathered_parts_with_ragged_and_empty_heads():
     parts = [prompt, ragged, gather_prefix(prefill, everything)]
     masks = [None, kept_mask(prefill, kept), kept_mask(prefill, everything)]
     assert masks[2] is None and int(masks[1][0].sum()) == 35
-    for fused in (True, False):
-        gathered = attention.SharedPrefix(rows, parts, fused)
+    for fused, native in ((True, True), (True, False), (False, False)):
+        gathered = attention.SharedPrefix(rows, parts, fused, native=native)
         masked = attention.SharedPrefix(
-            rows, [prompt] * 3, fused, [attention.PromptPass([0, 1, 2], prompt, masks)]
+            rows, [prompt] * 3, fused, [attention.PromptPass([0, 1, 2], prompt, masks)], native
         )
+        assert attention._use_native(masked, q) == native  # this machine builds the kernel
         for module in modules:
             want = attention.shared_prefix_attention(
                 module, q, key, value, None, kvd_prefix=gathered
@@ -260,7 +261,8 @@ def test_masked_kernel_is_validated_and_falls_back(monkeypatch, caplog):
     part = attention.PromptPass([0], prompt, [[mask]])
     query = torch.randn(2, 6, 1, d, generator=gen)
     key = value = torch.randn(2, 2, 1, d, generator=gen)
-    shared = attention.SharedPrefix([torch.arange(2)], [prompt], True, [part])
+    # the library kernels (native=False): the native kernel takes masks without this fallback
+    shared = attention.SharedPrefix([torch.arange(2)], [prompt], True, [part], native=False)
     module = SimpleNamespace(layer_idx=0)
     with caplog.at_level("WARNING", logger="kvdiverge.engine.attention"):
         got = attention.shared_prefix_attention(module, query, key, value, None, kvd_prefix=shared)

@@ -32,6 +32,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from kvdiverge.engine import native
+
 __all__ = [
     "ATTENTION_NAME",
     "PromptPass",
@@ -82,6 +84,20 @@ class PromptPass:
             self.biases.append(
                 [torch.zeros(m.shape, device=m.device).masked_fill_(~m, inf) for m in mask]
             )
+        # the native kernel's per-layer bias table: the masked groups' biases stacked, and each
+        # group's row in it (−1: no mask)
+        self.bias_rows = []
+        for bias in self.biases:
+            self.bias_rows.append(-1 if bias is None else sum(r >= 0 for r in self.bias_rows))
+        self._tables: dict[int, torch.Tensor] = {}
+
+    def bias_table(self, layer: int) -> torch.Tensor | None:
+        """(groups with a mask, H_kv, n): their additive masks of ``layer`` (built once)."""
+        if not any(b is not None for b in self.biases):
+            return None
+        if layer not in self._tables:
+            self._tables[layer] = torch.stack([b[layer] for b in self.biases if b is not None])
+        return self._tables[layer]
 
 
 @dataclass
@@ -101,6 +117,7 @@ class SharedPrefix:
     prompts: list[list[tuple[torch.Tensor, torch.Tensor]]]
     fused: bool = True  # use a validated fused attention kernel where one exists
     passes: list[PromptPass] = field(default_factory=list)  # masked passes over full prompts
+    native: bool = True  # with ``fused``: the native prompt kernel where built and validated
 
     def kept_entries(self) -> list[float]:
         """Per row group: the prompt entries its rows attend to per layer and KV head (their
@@ -347,6 +364,52 @@ def _kernel_agrees(
     )
 
 
+_NATIVE: list[bool] = []  # [] until checked, then [whether the native kernel is used]
+
+
+def _use_native(prefix: SharedPrefix, q: torch.Tensor) -> bool:
+    """Whether ``prefix``'s prompt parts go to the native prompt kernel (:mod:`kvdiverge.
+    engine.native`): asked for, float32 on the CPU, and the kernel built and agreeing with
+    :func:`_math_attention` (checked once per process on small problems: masked entries, a row
+    with every entry masked, lengths not a multiple of its block)."""
+    if not (prefix.native and prefix.fused and q.device.type == "cpu"):
+        return False
+    if q.dtype != torch.float32 or q.shape[-1] % 16 or q.shape[-1] > 128:
+        return False
+    if not _NATIVE:
+        _NATIVE.append(native.library() is not None and _native_agrees())
+        if native.library() is not None and not _NATIVE[0]:
+            log.warning("native prompt kernel disagrees with the plain path; not used")
+    return _NATIVE[0]
+
+
+def _native_agrees() -> bool:
+    gen = torch.Generator().manual_seed(0)
+    for m, n, d in ((7, 37, 64), (13, 130, 16), (5, 200, 128)):
+        q, k, v = (torch.randn((2, s, d), generator=gen) for s in (m, n, n))
+        drop = torch.rand((2, 2, n), generator=gen) < 0.5
+        drop[1, 0] = True  # the second mask drops every entry of the first KV head
+        bias = torch.zeros(drop.shape).masked_fill_(drop, float("-inf"))
+        rows = torch.arange(m, dtype=torch.int32) % 3 - 1  # no mask, mask 0, mask 1
+        full = torch.stack([bias[r] if r >= 0 else torch.zeros(2, n) for r in rows.tolist()], 1)
+        try:
+            out, lse = native.attend(q, k, v, d**-0.5, bias, rows)
+            plain_out, plain_lse = native.attend(q, k, v, d**-0.5)
+        except (RuntimeError, OSError):
+            return False
+        ref_out, ref_lse = _math_attention(q, k, v, d**-0.5, full)
+        ref_plain = _math_attention(q, k, v, d**-0.5)
+        if not (
+            torch.allclose(out, ref_out, atol=1e-5, rtol=1e-5)
+            and torch.equal(lse.isinf(), ref_lse.isinf())
+            and torch.allclose(lse.nan_to_num(0.0, 0.0, 0.0), ref_lse.nan_to_num(0.0, 0.0, 0.0))
+            and torch.allclose(plain_out, ref_plain[0], atol=1e-5, rtol=1e-5)
+            and torch.allclose(plain_lse, ref_plain[1], atol=1e-5, rtol=1e-5)
+        ):
+            return False
+    return True
+
+
 def shared_prefix_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -387,9 +450,10 @@ def shared_prefix_attention(
     o_pre = torch.empty_like(o_own)
     lse_pre = torch.empty_like(lse_own)
     in_pass = set()
+    use_native = _use_native(prefix, q)
     for part in prefix.passes:
         in_pass.update(part.groups)
-        _masked_pass(part, prefix, module.layer_idx, q, o_pre, lse_pre, scale)
+        _masked_pass(part, prefix, module.layer_idx, q, o_pre, lse_pre, scale, use_native)
     for g, (rows, prompt) in enumerate(zip(prefix.rows, prefix.prompts, strict=True)):
         if g in in_pass:
             continue
@@ -398,7 +462,14 @@ def shared_prefix_attention(
         if n_rows == 0:  # every row of this group has ended
             continue
         qg = q.index_select(0, rows).transpose(0, 1).reshape(1, n_kv, n_rows * groups, d)
-        if mask:  # ragged KV heads: the padding masked out, on the plain path
+        if use_native:  # a ragged part's padding masked out by a bias shared by its rows
+            bias = row_bias = None
+            if mask:
+                bias = torch.zeros((1, *mask[0].shape), dtype=torch.float32)
+                bias[0].masked_fill_(~mask[0], float("-inf"))
+                row_bias = torch.zeros(n_rows * groups, dtype=torch.int32)
+            o, lse = native.attend(qg[0], pk, pv, scale, bias, row_bias)
+        elif mask:  # ragged KV heads: the padding masked out, on the plain path
             bias = torch.zeros(mask[0].shape, dtype=torch.float32, device=mask[0].device)
             bias = bias.masked_fill_(~mask[0], float("-inf"))[None, :, None, :]
             o, lse = _math_attention(qg, pk[None], pv[None], scale, bias)
@@ -424,10 +495,13 @@ def _masked_pass(
     o_pre: torch.Tensor,
     lse_pre: torch.Tensor,
     scale: float,
+    use_native: bool = False,
 ) -> None:
     """The rows of ``part``'s groups against the full prompt of ``layer`` in one product, each
     group's evicted entries masked out; their outputs and log-sum-exps into ``o_pre``/``lse_pre``.
 
+    With ``use_native`` the native prompt kernel takes the groups' (H_kv, n) masks as they are
+    (:meth:`PromptPass.bias_table`, a row index per query); otherwise:
     ``q`` (B, H_kv, G, d): every batch row's queries, grouped-query heads folded. The additive
     mask (H_kv, rows·G, n) is built from each group's (H_kv, n) mask (no mask when every group
     keeps everything); a fused kernel that takes it runs where one is validated, else the plain
@@ -440,7 +514,15 @@ def _masked_pass(
     n_rows = rows.numel()
     pk, pv = part.prompt[layer]
     qg = q.index_select(0, rows).transpose(0, 1).reshape(1, n_kv, n_rows * groups, d)
-    if all(part.biases[i] is None for i, _ in chosen):
+    if use_native:
+        table = part.bias_table(layer)
+        row_bias = None
+        if table is not None:
+            index = torch.tensor([part.bias_rows[i] for i, _ in chosen], dtype=torch.int32)
+            counts = torch.tensor([r.numel() * groups for _, r in chosen])
+            row_bias = index.repeat_interleave(counts)
+        o, lse = native.attend(qg[0], pk, pv, scale, table, row_bias)
+    elif all(part.biases[i] is None for i, _ in chosen):
         o, lse = _attention_with_lse(qg, pk[None], pv[None], scale, prefix.fused)
     else:
         n = pk.shape[-2]

@@ -184,9 +184,10 @@ class _RowBatch:
         cache: RowCache,
         fused: bool,
         passes: Sequence[PromptPass] = (),
+        native: bool = True,
     ) -> None:
         device = cache.keys[0].device
-        self.cache, self.fused, self.ks = cache, fused, list(ks)
+        self.cache, self.fused, self.ks, self.native = cache, fused, list(ks), native
         self.passes = list(passes)
         self.flat_prompts = [part for unit in prompts for part in unit]
         self.n_streams = [2 * len(unit) - 1 for unit in prompts]
@@ -231,7 +232,7 @@ class _RowBatch:
         # X → the unit's prompt 0; Y and Z of evicted[j] → its prompt 1 + j
         group_key = self._group_base[self.unit] + (self.stream + 1) // 2
         rows = self._split(group_key, len(self.flat_prompts))
-        self.shared = SharedPrefix(rows, self.flat_prompts, self.fused, self.passes)
+        self.shared = SharedPrefix(rows, self.flat_prompts, self.fused, self.passes, self.native)
 
     def by_replicate(
         self, values: torch.Tensor, unit: int, code: int, base: torch.Tensor | None = None
@@ -437,7 +438,12 @@ def _rollout_units(
     runs = [_UnitRun(unit, settings, device) for unit in units]
     prompts, passes = _prompt_groups(units, runs, settings.prompt_attention != "gathered")
     batch = _RowBatch(
-        prompts, [len(unit.replicates) for unit in units], cache, settings.fused_attention, passes
+        prompts,
+        [len(unit.replicates) for unit in units],
+        cache,
+        settings.fused_attention,
+        passes,
+        settings.native_attention,
     )
     eos = torch.tensor(sorted({int(e) for e in eos_ids}), device=device)
     firsts = torch.stack([unit.prefill.last_logits.float().reshape(-1) for unit in units])

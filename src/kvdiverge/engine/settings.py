@@ -46,8 +46,11 @@ class RolloutSettings:
     rows); ``identity_shortcut``: Q := P for an action that keeps everything, without rows of
     its own (benchmarks only: the control then cannot fail); ``drop_ended``: rows whose
     stream has ended leave the batch; ``fused_attention``: use a validated fused attention
-    kernel where one exists; ``temperature``: the kernels are softmax(logits / T), T = 0 the
-    point mass on the argmax (greedy; ties to the smallest id), T = 1 (default) the model's own;
+    kernel where one exists; ``native_attention`` (with ``fused_attention``): the rows attend
+    to the prompt through the native prompt kernel where it is built and validated
+    (:mod:`kvdiverge.engine.native`), else through the library kernels; ``temperature``: the
+    kernels are softmax(logits / T), T = 0 the point mass on the argmax (greedy; ties to the
+    smallest id), T = 1 (default) the model's own;
     ``prompt_attention``: how the rows attend to the prompt — ``gathered`` (each action's rows
     against its own gathered kept entries), ``masked`` (all rows of a document in one product
     against its full prompt, each action's evicted entries masked out) or ``auto`` (masked for
@@ -63,6 +66,7 @@ class RolloutSettings:
     identity_shortcut: bool = False
     drop_ended: bool = True
     fused_attention: bool = True
+    native_attention: bool = True
     temperature: float = 1.0
     prompt_attention: str = "auto"
 
