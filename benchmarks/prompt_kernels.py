@@ -18,7 +18,13 @@ thread while it ran, so that another process on the machine costs less of the me
   elementwise passes (max, subtract, clamp at −87 so that ``exp`` stays on its fast path,
   ``exp``, sum), the alternative to the flash kernel measured for issue 29;
 * ``masked 50%``: the flash kernel, cold, with half of every row's entries masked out by an
-  additive −inf mask (the masked prompt pass of a half-budget action).
+  additive −inf mask (the masked prompt pass of a half-budget action);
+* ``native hot`` / ``native cold``: the engine's native prompt kernel
+  (``kvdiverge.engine.native``, keys packed once per cache as the engine does), as the flash
+  kernel above; ``native masked 50%``: cold, half of every row's entries masked by its row's
+  (H_kv, n) bias (the form the engine passes);
+* ``read K, V``: one summing pass over the cold keys and values (the memory's own rate: the
+  floor of any kernel that reads them).
 
 Usage: ``python benchmarks/prompt_kernels.py [--lengths 4064 8064] [--queries 27 81 243]``.
 """
@@ -29,6 +35,8 @@ import argparse
 import time
 
 import torch
+
+from kvdiverge.engine import native
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 GEMM = (2048, 576, 1536)
@@ -80,6 +88,18 @@ def measure(n: int, n_q: int) -> dict[str, float]:
     def flash(k, v, mask=None):
         return FLASH(q[None], k[None], v[None], 0.0, False, attn_mask=mask, scale=scale)
 
+    for k, _ in caches:  # packed once per cache (memoised), as in the engine
+        native.pack_keys(k)
+    if native.library() is None:
+        raise SystemExit("the native prompt kernel is not built on this machine")
+    row_bias = torch.zeros(n_q, dtype=torch.int32)
+    half = bias[:, :1].clone()[None, :, 0]  # (1, H_KV, n): one row's mask
+
+    def nat(k, v, masked=False):
+        if masked:
+            return native.attend(q, k, v, scale, half, row_bias)
+        return native.attend(q, k, v, scale)
+
     each = len(caches)
     times = {
         "flash hot": best(lambda: flash(k0, v0), 5, 20),
@@ -88,6 +108,10 @@ def measure(n: int, n_q: int) -> dict[str, float]:
         / each,
         "whole cold": best(cold(lambda k, v: whole(q, k, v, scale))) / each,
         "masked 50%": best(cold(lambda k, v: flash(k, v, bias[None]))) / each,
+        "native hot": best(lambda: nat(k0, v0), 5, 20),
+        "native cold": best(cold(nat)) / each,
+        "native masked 50%": best(cold(lambda k, v: nat(k, v, True))) / each,
+        "read K, V": best(cold(lambda k, v: (k.sum(), v.sum()))) / each,
     }
     return {name: flops / t / 1e9 for name, t in times.items()}
 
@@ -100,7 +124,17 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, CPU time; GEMM {'×'.join(map(str, GEMM))} float32")
     print()
-    cols = ("flash hot", "flash cold", "products cold", "whole cold", "masked 50%")
+    cols = (
+        "flash hot",
+        "flash cold",
+        "products cold",
+        "whole cold",
+        "masked 50%",
+        "native hot",
+        "native cold",
+        "native masked 50%",
+        "read K, V",
+    )
     print("| n | Q per KV head | GEMM GFLOP/s | " + " | ".join(cols) + " |")
     print("|---:|---:|---:|" + "---:|" * len(cols))
     for n in args.lengths:

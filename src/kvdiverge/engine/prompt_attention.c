@@ -119,15 +119,22 @@ INLINE void value_tile(const int rt, const int dv, const int kn, const float *p,
         for (int i = 0; i < dv; i++) _mm512_storeu_ps(acc + r * d + 16 * i, c[r][i]);
 }
 
-/* rows x (16 dv) accumulators over one block of kn keys, in tiles of RT rows. */
+/* rows x (16 dv) accumulators over one block of kn keys, in tiles of RT rows, then one tile
+ * of the rows left (fewer than RT; a tail case of RT rows or more is never reached). */
+#define VALUE_TAIL(DV, T)                                                                    \
+    case (T):                                                                                \
+        value_tile((T), (DV), kn, p + r0 * ld, ld, v, acc + r0 * 16 * (DV), pf);             \
+        break;
 #define VALUE_ROWS(DV, RT)                                                                   \
     static void value_rows_##DV(const int rows, const int kn, const float *p, const int64_t ld,  \
                                 const float *v, float *acc, const float *pf) {               \
         int r0 = 0;                                                                          \
         for (; r0 + (RT) <= rows; r0 += (RT), pf = 0)                                        \
             value_tile((RT), (DV), kn, p + r0 * ld, ld, v, acc + r0 * 16 * (DV), pf);        \
-        for (; r0 < rows; r0++, pf = 0)                                                      \
-            value_tile(1, (DV), kn, p + r0 * ld, ld, v, acc + r0 * 16 * (DV), pf);           \
+        switch (rows - r0) {                                                                 \
+        VALUE_TAIL(DV, 5) VALUE_TAIL(DV, 4) VALUE_TAIL(DV, 3) VALUE_TAIL(DV, 2)              \
+        VALUE_TAIL(DV, 1) default: break;                                                    \
+        }                                                                                    \
     }
 VALUE_ROWS(1, 6)
 VALUE_ROWS(2, 6)
