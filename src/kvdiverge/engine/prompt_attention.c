@@ -29,16 +29,29 @@
 #define PF_HINT _MM_HINT_T1
 #endif
 #ifndef PF_DIST
-#define PF_DIST 4
+#define PF_DIST 2
 #endif
-/* the four cache lines of 64 floats at p, asked for ahead of their use */
-#define PREFETCH4(p)                                                                         \
-    do {                                                                                     \
-        _mm_prefetch((const char *)(p), PF_HINT);                                            \
-        _mm_prefetch((const char *)(p) + 64, PF_HINT);                                       \
-        _mm_prefetch((const char *)(p) + 128, PF_HINT);                                      \
-        _mm_prefetch((const char *)(p) + 192, PF_HINT);                                      \
-    } while (0)
+/* A block's cache lines asked for ahead of use, a few per iteration of every tile's inner
+ * loop, so that the reads spread over the block's arithmetic (a burst at one tile's start
+ * would wait on the fill buffers). */
+typedef struct {
+    const char *at, *end;
+    int per;
+} cursor;
+
+INLINE void advance(cursor *c) {
+    for (int i = 0; i < c->per; i++)
+        if (c->at < c->end) {
+            _mm_prefetch(c->at, PF_HINT);
+            c->at += 64;
+        }
+}
+
+static cursor make_cursor(const float *block, const int64_t lines, const int64_t slots) {
+    cursor c = {(const char *)block, (const char *)block + (block ? 64 * lines : 0),
+                (int)((lines + slots - 1) / slots)};
+    return c;
+}
 
 /* exp(x) for x <= 0 (a score minus its row's maximum): Cody-Waite reduction and Cephes'
  * degree-6 polynomial (about 1 ulp); 0 below -87.3 and for -inf. */
@@ -61,13 +74,13 @@ INLINE __m512 exp_neg(__m512 x) {
 
 /* s[r][0:64] = q[r]·kt_block for rt query rows (row stride d) into rows of stride ld. */
 INLINE void score_tile(const int rt, const int d, const float *q, const float *kt, float *s,
-                       const int64_t ld, const float *pf) {
+                       const int64_t ld, cursor *pf) {
     __m512 c[RT_QK][4];
     for (int r = 0; r < rt; r++)
         for (int i = 0; i < 4; i++) c[r][i] = _mm512_setzero_ps();
     for (int k = 0; k < d; k++) {
         const float *row = kt + (int64_t)k * KB;
-        if (pf) PREFETCH4(pf + (int64_t)k * KB);
+        advance(pf);
         const __m512 b0 = _mm512_loadu_ps(row), b1 = _mm512_loadu_ps(row + 16);
         const __m512 b2 = _mm512_loadu_ps(row + 32), b3 = _mm512_loadu_ps(row + 48);
         for (int r = 0; r < rt; r++) {
@@ -83,9 +96,12 @@ INLINE void score_tile(const int rt, const int d, const float *q, const float *k
 }
 
 static void score_rows(const int rows, const int d, const float *q, const float *kt, float *s,
-                       const int64_t ld, const float *pf) {
+                       const int64_t ld, const float *next) {
+    const int tiles = (rows + RT_QK - 1) / RT_QK;
+    cursor cur = make_cursor(next, 4 * (int64_t)d, (int64_t)tiles * d);
+    cursor *pf = &cur;
     int r0 = 0;
-    for (; r0 + RT_QK <= rows; r0 += RT_QK, pf = 0)
+    for (; r0 + RT_QK <= rows; r0 += RT_QK)
         score_tile(RT_QK, d, q + (int64_t)r0 * d, kt, s + r0 * ld, ld, pf);
     switch (rows - r0) {
     case 5: score_tile(5, d, q + (int64_t)r0 * d, kt, s + r0 * ld, ld, pf); break;
@@ -99,7 +115,7 @@ static void score_rows(const int rows, const int d, const float *q, const float 
 
 /* acc[r][0:16 dv] += Σ_j p[r][j] v[j] over kn keys, rt rows (p rows of stride ld). */
 INLINE void value_tile(const int rt, const int dv, const int kn, const float *p,
-                       const int64_t ld, const float *v, float *acc, const float *pf) {
+                       const int64_t ld, const float *v, float *acc, cursor *pf) {
     __m512 c[6][8];
     const int d = 16 * dv;
     for (int r = 0; r < rt; r++)
@@ -107,9 +123,7 @@ INLINE void value_tile(const int rt, const int dv, const int kn, const float *p,
     for (int j = 0; j < kn; j++) {
         __m512 b[8];
         for (int i = 0; i < dv; i++) b[i] = _mm512_loadu_ps(v + (int64_t)j * d + 16 * i);
-        if (pf)
-            for (int i = 0; i < dv; i++)
-                _mm_prefetch((const char *)(pf + (int64_t)j * d + 16 * i), PF_HINT);
+        advance(pf);
         for (int r = 0; r < rt; r++) {
             const __m512 a = _mm512_set1_ps(p[r * ld + j]);
             for (int i = 0; i < dv; i++) c[r][i] = _mm512_fmadd_ps(a, b[i], c[r][i]);
@@ -127,9 +141,12 @@ INLINE void value_tile(const int rt, const int dv, const int kn, const float *p,
         break;
 #define VALUE_ROWS(DV, RT)                                                                   \
     static void value_rows_##DV(const int rows, const int kn, const float *p, const int64_t ld,  \
-                                const float *v, float *acc, const float *pf) {               \
+                                const float *v, float *acc, const float *next) {             \
+        const int tiles = (rows + (RT) - 1) / (RT);                                          \
+        cursor cur = make_cursor(next, (int64_t)KB * (DV), (int64_t)tiles * kn);             \
+        cursor *pf = &cur;                                                                   \
         int r0 = 0;                                                                          \
-        for (; r0 + (RT) <= rows; r0 += (RT), pf = 0)                                        \
+        for (; r0 + (RT) <= rows; r0 += (RT))                                                \
             value_tile((RT), (DV), kn, p + r0 * ld, ld, v, acc + r0 * 16 * (DV), pf);        \
         switch (rows - r0) {                                                                 \
         VALUE_TAIL(DV, 5) VALUE_TAIL(DV, 4) VALUE_TAIL(DV, 3) VALUE_TAIL(DV, 2)              \
