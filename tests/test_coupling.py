@@ -272,3 +272,31 @@ def test_coupling_with_two_eos_ids_has_the_merged_joint_law(sampler):
     assert np.all(np.abs(counts / n - exact) <= bound)
     # both sequences end together with probability min(p(EOS), q(EOS))
     assert abs(counts[4, 4] / n - min(pm[4], qm[4])) <= bound[4, 4]
+
+
+def test_accept_sampler_residual_in_rejecting_rows_only_and_shared_x_change_no_bit():
+    """The torch ``accept`` sampler draws Y from the residual only in the rows that reject X,
+    and takes X drawn beforehand: both give bit for bit what the full formula gives (X by
+    inverse CDF of p; Y = X on acceptance or an empty residual, else the residual's inverse CDF
+    over every row), here written out independently on rows that accept, reject, or have p = q."""
+    gen = torch.Generator().manual_seed(5)
+    rows, vocab = 64, 3001
+    p = torch.rand(rows, vocab, generator=gen, dtype=torch.float64) ** 4
+    p /= p.sum(-1, keepdim=True)
+    q = p.clone()
+    noisy = torch.arange(rows) % 3 != 0  # every third row: q = p (accepts, empty residual)
+    q[noisy] = q[noisy] * torch.exp(torch.randn(int(noisy.sum()), vocab, generator=gen) * 0.5)
+    q /= q.sum(-1, keepdim=True)
+    u = torch.rand(rows, 3, generator=gen, dtype=torch.float64)
+
+    x_ref = inverse_cdf(p, u[:, 0])
+    px, qx = p.gather(-1, x_ref[:, None])[:, 0], q.gather(-1, x_ref[:, None])[:, 0]
+    accept = u[:, 1] * px < qx
+    residual = (q - p).clamp(min=0)
+    y_ref = torch.where(accept | ~(residual.sum(-1) > 0), x_ref, inverse_cdf(residual, u[:, 2]))
+    assert 0 < int((~accept).sum()) < rows  # both kinds of rows occur
+
+    x, y = maximal_coupling_step(p, q, u)
+    assert torch.equal(x, x_ref) and torch.equal(y, y_ref)
+    x2, y2 = maximal_coupling_step(p, q, u, x=x_ref)
+    assert torch.equal(x2, x_ref) and torch.equal(y2, y_ref)

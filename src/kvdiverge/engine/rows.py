@@ -347,8 +347,8 @@ class _UnitRun:
                     self.kept_logits[i][name].append(part.float().cpu())
             q = _absorbed(q_raw, self.y_done[i], point_mass)
             q_fixed = _absorbed(q_fixed_raw, self.x_done, point_mass)
-            x_i, y = maximal_coupling_step(p, q, self.uniforms[t - 1])
-            x = x_i if x is None else x  # X ~ p by inverse CDF: the same for every q
+            # X ~ p by inverse CDF: the same for every q, so drawn once
+            x, y = maximal_coupling_step(p, q, self.uniforms[t - 1], x=x)
             self.y_done[i] = self.y_done[i] | torch.isin(y, eos)
             fields["y_token"][:, t - 1] = y
             fields["tv_rollout"][:, t - 1] = tv(p, q)

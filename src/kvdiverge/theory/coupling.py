@@ -199,10 +199,14 @@ def _take(a: Any, idx: Any) -> Any:
     return np.take_along_axis(a, idx[..., None], axis=-1)[..., 0]
 
 
-def maximal_coupling_step(p: Any, q: Any, u: Any, sampler: str = "accept") -> tuple[Any, Any]:
+def maximal_coupling_step(
+    p: Any, q: Any, u: Any, sampler: str = "accept", x: Any = None
+) -> tuple[Any, Any]:
     """One step of the maximal coupling of p and q, vectorized over rows.
 
-    ``u`` holds three independent uniforms per row, shape ``(..., 3)``.
+    ``u`` holds three independent uniforms per row, shape ``(..., 3)``. ``x`` (``accept``
+    only): X already drawn from p at ``u[..., 0]`` (``inverse_cdf(p, u[..., 0])``), e.g. once
+    for several q against the same p; the result is the same as without it.
 
     * ``sampler="accept"`` (the default; `docs/method.md`, "Common random numbers"): X ~ p by
       inverse CDF at ``u[..., 0]``; Y = X if ``u[..., 1] · p(X) < q(X)`` (probability
@@ -233,9 +237,17 @@ def maximal_coupling_step(p: Any, q: Any, u: Any, sampler: str = "accept") -> tu
         where = np.where
     u0, u1, u2 = u[..., 0], u[..., 1], u[..., 2]
     if sampler == "accept":
-        x = inverse_cdf(p, u0)
+        x = inverse_cdf(p, u0) if x is None else x
         px, qx = _take(p, x), _take(q, x)
         accept = u1.to(px.dtype) * px < qx if torch_mode else u1 * px < qx
+        if torch_mode and p.dim() == 2:  # the residual only in the rows that reject X
+            rows = (~accept).nonzero()[:, 0]
+            y = x.clone()
+            if rows.numel():
+                residual = clip0(q[rows] - p[rows])
+                y_res = inverse_cdf(residual, u2[rows])
+                y[rows] = where(residual.sum(-1) > 0, y_res, x[rows])
+            return x, y
         residual = clip0(q - p)
         has_residual = residual.sum(-1) > 0
         y_res = inverse_cdf(residual, u2)
