@@ -57,3 +57,19 @@ def law_differences(model, ids, kept, everything, rollout, replicate: int) -> di
         got = torch.from_numpy(rollout.logits[name][replicate]).double().softmax(-1)
         out[name] = float((got - expected).abs().max())
     return out
+
+
+def random_prompt(gen: torch.Generator, n_kv: int, n: int, d: int, layers: int):
+    """A random prompt cache for the attention function's own tests: per layer (keys, values)
+    of shape (n_kv, n, d), and a prefill-like namespace over them (``keys``, ``values``, ``n``,
+    ``head_dim``) for ``gather_prefix`` and ``kept_mask``."""
+    from types import SimpleNamespace
+
+    prompt = [
+        (torch.randn(n_kv, n, d, generator=gen), torch.randn(n_kv, n, d, generator=gen))
+        for _ in range(layers)
+    ]
+    prefill = SimpleNamespace(
+        keys=[k for k, _ in prompt], values=[v for _, v in prompt], n=n, head_dim=d
+    )
+    return prompt, prefill

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from engine_reference import random_prompt
 
 import kvdiverge.engine.attention as attention
 from kvdiverge.engine import native
@@ -233,13 +234,7 @@ def test_engine_falls_back_without_the_library(monkeypatch):
     pass with a ragged mask, a gathered group) gives the native path's results to 1e-5."""
     gen = torch.Generator().manual_seed(3)
     n_kv, groups, d, n, layers = 2, 3, 16, 70, 2
-    prompt = [
-        (torch.randn(n_kv, n, d, generator=gen), torch.randn(n_kv, n, d, generator=gen))
-        for _ in range(layers)
-    ]
-    prefill = SimpleNamespace(
-        keys=[k for k, _ in prompt], values=[v for _, v in prompt], n=n, head_dim=d
-    )
+    prompt, prefill = random_prompt(gen, n_kv, n, d, layers)
     kept = torch.full((layers, n_kv, n), -1, dtype=torch.long)
     kept[0, 0, :10] = torch.arange(0, 30, 3)
     kept[0, 1, :25] = torch.arange(15, 40)

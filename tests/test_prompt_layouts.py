@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from engine_reference import law_differences
+from engine_reference import law_differences, random_prompt
 
 import kvdiverge.engine.attention as attention
 from kvdiverge.engine import RolloutSettings, rollout_document_actions, rollout_documents
@@ -179,13 +179,7 @@ def test_masked_pass_equals_gathered_parts_with_ragged_and_empty_heads():
     on the native prompt kernel, the library's fused kernel and the plain path."""
     gen = torch.Generator().manual_seed(3)
     n_kv, groups, d, n, layers = 2, 3, 16, 40, 2
-    prompt = [
-        (torch.randn(n_kv, n, d, generator=gen), torch.randn(n_kv, n, d, generator=gen))
-        for _ in range(layers)
-    ]
-    prefill = SimpleNamespace(
-        keys=[k for k, _ in prompt], values=[v for _, v in prompt], n=n, head_dim=d
-    )
+    prompt, prefill = random_prompt(gen, n_kv, n, d, layers)
     kept = torch.full((layers, n_kv, n), -1, dtype=torch.long)
     kept[0, 0, :10] = torch.arange(0, 30, 3)  # ragged: head 0 keeps 10, head 1 keeps 25
     kept[0, 1, :25] = torch.arange(15, 40)
