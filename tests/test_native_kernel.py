@@ -266,3 +266,17 @@ def test_engine_falls_back_without_the_library(monkeypatch):
         got = attention.shared_prefix_attention(m, q, key, value, None, kvd_prefix=prefix())[0]
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_native_kernel_only_on_one_thread():
+    """The kernel runs on one thread; with more torch threads the library kernels (which use
+    them) take the prompt parts."""
+    q = torch.randn(2, 2, 3, 64)
+    prefix = attention.SharedPrefix([torch.arange(2)], [[]], True)
+    assert attention._use_native(prefix, q)
+    torch.set_num_threads(2)
+    try:
+        assert not attention._use_native(prefix, q)
+    finally:
+        torch.set_num_threads(1)
+    assert attention._use_native(prefix, q)

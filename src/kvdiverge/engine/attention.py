@@ -369,10 +369,13 @@ _NATIVE: list[bool] = []  # [] until checked, then [whether the native kernel is
 
 def _use_native(prefix: SharedPrefix, q: torch.Tensor) -> bool:
     """Whether ``prefix``'s prompt parts go to the native prompt kernel (:mod:`kvdiverge.
-    engine.native`): asked for, float32 on the CPU, and the kernel built and agreeing with
+    engine.native`): asked for, float32 on the CPU with one torch thread (the kernel runs on
+    one; with more, the library kernels use them), and the kernel built and agreeing with
     :func:`_math_attention` (checked once per process on small problems: masked entries, a row
     with every entry masked, lengths not a multiple of its block)."""
     if not (prefix.native and prefix.fused and q.device.type == "cpu"):
+        return False
+    if torch.get_num_threads() != 1:
         return False
     if q.dtype != torch.float32 or q.shape[-1] % 16 or q.shape[-1] > 128:
         return False
