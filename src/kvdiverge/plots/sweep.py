@@ -113,8 +113,9 @@ def plot_sweep(
                 (pl.col("stratum") == "pooled")
                 & (pl.col("contrast") == "")
                 & (pl.col("action") == baseline)
-                & (pl.lit(model is None) | (pl.col("model") == model))
             )
+            if model is not None:  # (a comparison with None would be null, not true)
+                base = base.filter(pl.col("model") == model)
             base_rows = dict(zip(base["estimand"], base["value"], strict=True))
         for k, (ax, (estimand, (label, scale, unit))) in enumerate(
             zip(row, SWEEP_ESTIMANDS.items(), strict=True)
