@@ -27,6 +27,19 @@ def pytest_configure(config) -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """One torch thread for a whole module (``pytestmark = pytest.mark.usefixtures(...)``), the
+    count restored after it: the results such modules compare are the one-thread engine's (the
+    full control bit-exact, the native prompt kernel), also when run without xdist."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def shared_base(tmp_path_factory) -> Path:
     """The folder that the pytest-xdist workers of one session share (their base folders'
     parent); without xdist the session's own base folder, so that a later session never

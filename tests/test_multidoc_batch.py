@@ -54,14 +54,7 @@ FIELDS = ("x_token", "y_token", "x_eos", "y_eos")
 LAWS = ("tv_rollout", "tv_fixed")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: on a shared machine a two-thread parallel region waits for a thread
-    the scheduler has parked, and a tiny model's calls slow down tenfold."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

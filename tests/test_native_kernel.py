@@ -34,12 +34,7 @@ QUERIES = (1, 6, 7, 13, 40)
 N_KV = 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 def _reference(q, k, v, scale, bias=None, row_bias=None):

@@ -42,12 +42,7 @@ ACTIONS = [
 LAWS = ("p", "q", "q_fixed")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

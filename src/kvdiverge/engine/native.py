@@ -150,6 +150,8 @@ def attend(
     lse = q.new_empty((h, m))
     scratch = q.new_empty(chunk * width + chunk)
     if bias is not None:
+        if row_bias is None or row_bias.numel() != m:
+            raise ValueError(f"native prompt kernel: row_bias must give each of the {m} rows")
         bias = bias.contiguous()
         row_bias = row_bias.to(torch.int32).contiguous()
     code = lib.kvd_prompt_attention(
