@@ -27,6 +27,7 @@ job's log holds it (``kvdiverge.pipeline.logs``).
 from __future__ import annotations
 
 import numbers
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -74,16 +75,44 @@ def user_call(action: ActionSpec, method: str, fn: Callable[..., T], *args: Any)
     :class:`ActionError` line naming the action, the selector, the method and the exception
     (chained to it, so that the traceback is kept). ActionErrors (the selector's own one-line
     refusals) and out-of-memory errors pass unchanged."""
+    dtype = _default_dtype()
     try:
-        return fn(*args)
+        out = fn(*args)
     except ActionError:
+        _check_default_dtype(action, method, dtype)
         raise
     except Exception as exc:
+        _check_default_dtype(action, method, dtype)
         if _memory_error(exc):
             raise
         text = " ".join(str(exc).split())
         reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         raise ActionError(f"{_where(action)}: {method} raised {reason}") from exc
+    _check_default_dtype(action, method, dtype)
+    return out
+
+
+def _default_dtype() -> Any:
+    """torch's default dtype, or None when torch is not imported (config time)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.get_default_dtype()
+
+
+def _check_default_dtype(action: ActionSpec, method: str, before: Any) -> None:
+    """A selector's method must leave torch's default dtype as it found it (every later tensor
+    of the run would change precision): the dtype is restored and one line names the method."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    expected = torch.float32 if before is None else before
+    after = torch.get_default_dtype()
+    if after != expected:
+        torch.set_default_dtype(expected)
+        raise ActionError(
+            f"{_where(action)}: {method} changed torch's default dtype from {expected} to "
+            f"{after}; expected a selector to leave global torch settings unchanged (pass "
+            "dtype= to the tensors it creates)"
+        )
 
 
 def checked_n_keep(action: ActionSpec, n: int) -> int:
@@ -104,14 +133,17 @@ def _is_integer_dtype(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
-def check_scores(scores: Any, action: ActionSpec, layer: int, n_kv: int, n: int) -> None:
-    """Scores of one layer (``ScoredSelector.score``): a real tensor (n_kv, n), every value
-    finite."""
+def check_scores(
+    scores: Any, action: ActionSpec, layer: int, n_kv: int, n: int, device: Any = None
+) -> None:
+    """Scores of one layer (``ScoredSelector.score``): a real tensor (n_kv, n) with values (not
+    on the meta device; ``device``: the prefill's, named in the refusal), every value finite."""
     import torch
 
     where = f"{_where(action)}: score of layer {layer}"
     if not isinstance(scores, torch.Tensor):
         raise ActionError(f"{where}: returned {type(scores).__name__}; expected a torch.Tensor")
+    _check_device(scores, device, where, "scores")
     if scores.dtype.is_complex or scores.dtype == torch.bool:
         raise ActionError(f"{where}: returned a {scores.dtype} tensor; expected real scores")
     if tuple(scores.shape) != (n_kv, n):
@@ -128,6 +160,17 @@ def check_scores(scores: Any, action: ActionSpec, layer: int, n_kv: int, n: int)
                 f"{where}: score {value} at KV head {head}, position {position}; expected "
                 "finite scores (NaN and inf are refused)"
             )
+
+
+def _check_device(tensor: torch.Tensor, device: Any, where: str, what: str) -> None:
+    """A selector's tensor holds values: a meta tensor (or any tensor without storage) is
+    refused; one on another real device is moved to the prefill's by the caller."""
+    if tensor.device.type == "meta":
+        shown = "" if device is None else f" (on the prefill's device {device})"
+        raise ActionError(
+            f"{where}: returned {what} on the meta device, which holds no values; expected a "
+            f"tensor with values{shown}"
+        )
 
 
 def _first(mask: torch.Tensor) -> tuple[int, int]:
@@ -164,6 +207,7 @@ def checked_positions(
         raise ActionError(
             f"{where}: positions returned a {kept.dtype} tensor; expected integer positions"
         )
+    _check_device(kept, prefill.keys[0].device, f"{where}: positions", "positions")
     shape = tuple(kept.shape)
     width_ok = (shape[2] <= n) if ragged and len(shape) == 3 else (len(shape) == 3)
     if len(shape) != 3 or shape[:2] != (n_layers, n_kv) or not width_ok:

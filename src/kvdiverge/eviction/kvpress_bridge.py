@@ -151,10 +151,29 @@ def _build_press(press: Any, press_kwargs: Any, where: str) -> tuple[Any, str]:
             raise ActionError(f"{inner_where}: expected a ScorerPress, got AdaKVPress")
         kwargs["press"] = inner_press
     try:
-        return cls(**kwargs), kind
+        built = cls(**kwargs)
     except (TypeError, ValueError, AssertionError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ActionError(f"{where}.press_kwargs: {cls.__name__}: {reason}") from exc
+    _check_press_sizes(built, where)
+    return built, kind
+
+
+SIZES = ("window_size", "kernel_size", "lag_size")
+"""Press attributes that count positions and must be at least 1 (0 fails inside the press, after
+the model loads, with a raw torch error)."""
+
+
+def _check_press_sizes(press: Any, where: str) -> None:
+    """Each integer :data:`SIZES` attribute of the press (not of the presses it wraps, which are
+    built, and checked, on their own) is >= 1: one line naming the keyword otherwise."""
+    for attr in SIZES:
+        size = getattr(press, attr, None)
+        if isinstance(size, int) and not isinstance(size, bool) and size < 1:
+            raise ActionError(
+                f"{where}.press_kwargs.{attr}: {type(press).__name__}'s {attr} is {size}; "
+                "expected an integer >= 1"
+            )
 
 
 def _chain(press: Any) -> list[Any]:

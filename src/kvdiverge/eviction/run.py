@@ -13,6 +13,7 @@ from kvdiverge.eviction.contract import (
     check_unchanged,
     checked_n_keep,
     checked_positions,
+    selector_label,
     user_call,
 )
 from kvdiverge.eviction.prefill import LayerInputs, Prefill, _tensor_digest
@@ -195,7 +196,53 @@ def select_positions(prefill: Prefill, action: ActionSpec | Mapping[str, Any]) -
     kept = user_call(action, "positions", method.positions, prefill, action, n_keep)
     per_layer = user_call(action, "kept_per_layer", method.kept_per_layer, prefill, action, n_keep)
     prefill.verified = check_unchanged(prefill, before, action, "positions")
-    return checked_positions(kept, prefill, action, n_keep, per_layer)
+    kept = checked_positions(kept, prefill, action, n_keep, per_layer)
+    if _first_call(action):
+        _check_deterministic(prefill, action, n_keep, kept)
+    return kept
+
+
+_CHECKED: dict[int, object] = {}
+"""Selector instances already shown deterministic in this process, by id (the instance is held,
+so that its id is never reused)."""
+
+
+def _first_call(action: ActionSpec) -> bool:
+    """Whether this process has not yet checked the action's selector instance for determinism
+    (a seeded random one, ``deterministic = False``, is never checked)."""
+    method = action.method
+    if not getattr(method, "deterministic", True) or id(method) in _CHECKED:
+        return False
+    _CHECKED[id(method)] = method
+    return True
+
+
+def _check_deterministic(
+    prefill: Prefill, action: ActionSpec, n_keep: int, kept: torch.Tensor
+) -> None:
+    """The selector's positions computed again from the same prefill must be the same: a
+    difference is one :class:`ActionError` line naming the first layer and KV head that differ
+    and the way to declare a seeded random method."""
+    import torch
+
+    method = action.method
+    again = user_call(action, "positions", method.positions, prefill, action, n_keep)
+    per_layer = user_call(action, "kept_per_layer", method.kept_per_layer, prefill, action, n_keep)
+    prefill.verified = check_unchanged(prefill, prefill.verified, action, "positions")
+    again = checked_positions(again, prefill, action, n_keep, per_layer)
+    if again.shape == kept.shape and torch.equal(again, kept):
+        return
+    if again.shape == kept.shape:
+        layer, head = (int(i) for i in (again != kept).any(dim=-1).nonzero()[0])
+        place = f"first at layer {layer}, KV head {head}"
+    else:
+        place = f"{tuple(kept.shape)} then {tuple(again.shape)} positions"
+    raise ActionError(
+        f"action {action.name!r}: {selector_label(action)}: positions returned different kept "
+        f"positions when called twice on the same prefill ({place}); expected a deterministic "
+        "selector, or a seeded random one that declares deterministic = False and an integer "
+        '`seed` parameter (docs/compare.md, "Your own selector")'
+    )
 
 
 def kept_positions(

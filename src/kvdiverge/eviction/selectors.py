@@ -33,12 +33,22 @@ class Selector:
     :func:`register_selector`, or name it in a config as ``"package.module:Class"``.
 
     ``keeps_everything``: the selector keeps every entry whatever the budget (the control);
-    ``observes``: it sees every attention layer during the prefill (:meth:`observe`).
+    ``observes``: it sees every attention layer during the prefill (:meth:`observe`);
+    ``deterministic``: the same prefill gives the same kept positions. It is checked on the
+    first prompt a process selects from (:meth:`positions` called twice, a difference refused).
+    A seeded random method sets ``deterministic = False`` and declares an integer ``seed``
+    parameter (refused at parse time without one) from which it draws, so that the seed is
+    part of the action's config, lock and metadata.
+
+    A parameter field never takes the name of an action key or attribute (:data:`ACTION_KEYS`:
+    ``name``, ``selector``, ``budget``, ``budgets``, ``label``, ...): those are the config's
+    alone, refused at parse time.
     """
 
     name: ClassVar[str] = ""
     keeps_everything: ClassVar[bool] = False
     observes: ClassVar[bool] = False
+    deterministic: ClassVar[bool] = True
 
     def validate(self, action: ActionSpec, where: str) -> None:
         """Check the parameters once (config time); one-line :class:`ActionError` naming
@@ -91,9 +101,10 @@ class ScoredSelector(Selector):
 
     :meth:`score` gives (H_kv, n) scores for a layer (higher is kept); :meth:`always_kept` the
     positions kept whatever their scores. Kept positions: the always-kept ones, then the
-    top-scored rest up to ``n_keep`` (torch's ``topk``), sorted. As in kvpress, the always-kept
-    positions are scored one above the layer's largest other score, so one ``topk`` of
-    ``n_keep`` over all positions keeps them.
+    top-scored rest up to ``n_keep`` (torch's ``topk`` over the other positions only), sorted.
+    The always-kept positions are kept whatever the scores' size and dtype (:meth:`positions`);
+    scoring them one above the layer's largest score instead would round away in low precision
+    (``max + 1 == max`` in bfloat16 from 256, float16 from 2048, float32 from 2**24).
     """
 
     def always_kept(self, n: int) -> Sequence[int] | torch.Tensor:
@@ -105,6 +116,11 @@ class ScoredSelector(Selector):
         raise NotImplementedError
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
+        """The always-kept positions (a of them) and the ``n_keep`` − a top-scored others of
+        each layer and KV head. Floating scores: the always-kept ones are scored +inf, strictly
+        above every finite score in every dtype, and one ``topk`` of ``n_keep`` keeps them (its
+        ties among the others resolve as kvpress's own ``topk`` does); integer scores: the top
+        others are chosen among the other positions alone and joined to them."""
         import torch
 
         n = prefill.n
@@ -121,15 +137,23 @@ class ScoredSelector(Selector):
         always = always.long()
         rest = torch.ones(n, dtype=torch.bool, device=device)
         rest[always] = False
+        others = rest.nonzero().reshape(-1)  # ascending
+        fill = n_keep - always.numel()
         out = []
         for layer in range(len(prefill.keys)):
             scores = user_call(action, "score", self.score, prefill, action, layer)
-            check_scores(scores, action, layer, n_kv, n)
-            if always.numel():
-                top = scores[:, rest].max().item() + 1 if bool(rest.any()) else 1.0
+            check_scores(scores, action, layer, n_kv, n, device)
+            scores = scores.to(device)
+            if always.numel() and scores.dtype.is_floating_point:
                 scores = scores.clone()
-                scores[:, always] = top
-            out.append(scores.topk(n_keep, dim=-1).indices.sort(dim=-1).values)
+                scores[:, always] = float("inf")  # above every finite score, in every dtype
+                kept = scores.topk(n_keep, dim=-1).indices
+            elif always.numel():  # integer scores: the top others beside the always-kept ones
+                picked = others[scores[:, others].topk(fill, dim=-1).indices]
+                kept = torch.cat([always.expand(n_kv, -1), picked], dim=-1)
+            else:
+                kept = scores.topk(n_keep, dim=-1).indices
+            out.append(kept.sort(dim=-1).values)
         return torch.stack(out)
 
 
@@ -255,6 +279,43 @@ def _check_parameter_types(cls: type[Selector], params: Mapping[str, Any], where
             raise ActionError(f"{where}.{key}: expected {kind}, got {value!r}")
 
 
+ACTION_KEYS = ("name", "selector", "budget", "budgets", "label")
+"""Keys of a config's action entry that are the action's own, never a selector parameter."""
+
+
+def _reserved_names() -> tuple[str, ...]:
+    """The action keys and every public attribute of :class:`ActionSpec` (``method``,
+    ``params``, ``n_keep``, ...): a parameter field of that name would shadow one or be
+    shadowed by one."""
+    public = [k for k in dir(ActionSpec) if not k.startswith("_")]
+    fields = [f.name for f in dataclasses.fields(ActionSpec)]
+    return tuple(dict.fromkeys([*ACTION_KEYS, *fields, *public]))
+
+
+def _check_field_names(cls: type[Selector], selector: Any, where: str) -> None:
+    """Action fields are the config's alone: a selector class whose parameter field is named
+    like an action key or attribute is refused (one line naming the field), as is a class that
+    declares ``deterministic = False`` without an integer ``seed`` parameter."""
+    fields = _parameter_fields(cls)
+    clash = [name for name in fields if name in _reserved_names()]
+    if clash:
+        raise ActionError(
+            f"{where}.selector: {selector!r} declares a parameter field {clash[0]!r}, which is "
+            f"an action key; expected parameter names other than {', '.join(_reserved_names())} "
+            "(the action's own fields come from the config alone: rename the field)"
+        )
+    if not getattr(cls, "deterministic", True):
+        try:
+            seed_hint = typing.get_type_hints(cls).get("seed")
+        except Exception:  # annotations that do not resolve
+            seed_hint = None
+        if "seed" not in fields or seed_hint is not int:
+            raise ActionError(
+                f"{where}.selector: {selector!r} declares deterministic = False; expected an "
+                "integer `seed` parameter field (seed: int = ...) from which it draws"
+            )
+
+
 def _build_selector(cls: type[Selector], params: Mapping[str, Any], where: str) -> Selector:
     fields = _parameter_fields(cls)
     unknown = sorted(set(params) - set(fields))
@@ -321,6 +382,7 @@ def parse_action(spec: Mapping[str, Any], name: str | None = None) -> ActionSpec
     where = f"actions.{name}"
     selector = spec.get("selector")
     cls = resolve_selector(selector, f"{where}.selector")
+    _check_field_names(cls, selector, where)
     params = {k: v for k, v in spec.items() if k not in ("name", "selector", "budget")}
     method = _build_selector(cls, params, where)
     action = ActionSpec(name=name, selector=selector, budget=spec.get("budget"), method=method)
