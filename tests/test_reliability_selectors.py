@@ -68,7 +68,9 @@ def test_a_field_named_like_an_action_key_is_refused_at_parse_time(cls, field):
         f"{field!r}, which is an action key; expected parameter names other than name, "
         "selector, budget, budgets, label,"
     ), message
-    assert message.endswith("(the action's own fields come from the config alone: rename the field)")
+    assert message.endswith(
+        "(the action's own fields come from the config alone: rename the field)"
+    )
 
 
 def test_the_pipeline_config_refuses_a_shadowing_field_in_one_line():
