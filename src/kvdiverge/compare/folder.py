@@ -1,12 +1,15 @@
 """The output folder of ``kvdiverge compare``: a fresh default name per run, no silent reuse, and a
 manifest of what compare wrote so that ``--force`` removes exactly that.
 
-:func:`check_out` runs before the model loads: ``--out`` naming a file, a non-empty folder
-without ``--force``, a file of someone else's where compare would write, a folder that cannot be
-created or written, and a broken manifest are each one :class:`CompareError` line, and nothing
-is written. :func:`claim_out` runs once every result is computed: it records the new files in the
-manifest (:data:`MANIFEST`, JSON) *before* removing the files the earlier compare listed there
-and writing the new ones, so an interrupted run still leaves every file it wrote listed.
+:func:`check_out` runs before the model loads: ``--out`` naming a file or a dangling symbolic
+link, a non-empty folder without ``--force``, a file of someone else's where compare would
+write, a folder that cannot be created or written, a broken manifest, and a path in the
+manifest or among compare's files that a symbolic link leads outside ``--out`` are each one
+:class:`CompareError` line, and nothing is written: every path ``--force`` removes is resolved
+inside ``--out`` (checked again just before the removal). :func:`claim_out` runs once every
+result is computed: it records the new files in the manifest (:data:`MANIFEST`, JSON) *before*
+removing the files the earlier compare listed there and writing the new ones, so an interrupted
+run still leaves every file it wrote listed.
 """
 
 from __future__ import annotations
@@ -61,6 +64,25 @@ def _read_manifest(root: Path) -> list[str]:
     return files
 
 
+def _outside(root: Path, name: str) -> Path | None:
+    """Where ``root/name`` leads when a symbolic link on its way (the folders above the file)
+    leads outside ``root``, else None. The file itself may be a link: removing a link removes
+    only the link."""
+    base = root.resolve()
+    parent = (root / name).parent.resolve()
+    return None if parent == base or parent.is_relative_to(base) else parent / Path(name).name
+
+
+def _check_inside(root: Path, names: Iterable[str], what: str) -> None:
+    for name in names:
+        if (place := _outside(root, name)) is not None:
+            raise CompareError(
+                f"--out: {root / name} ({what}) leads outside {root} through a symbolic link, "
+                f"to {place}; expected every file compare writes or --force removes inside "
+                "--out: remove the link or name another folder"
+            )
+
+
 def _nearest_existing(path: Path) -> Path:
     while not path.exists():
         path = path.parent
@@ -71,6 +93,11 @@ def check_out(root: str | os.PathLike, planned: Iterable[str], force: bool) -> P
     """Check ``root`` before any work (module docstring); returns it as a :class:`Path`.
     ``planned``: the files compare will write, relative to ``root``."""
     root = Path(root)
+    if root.is_symlink() and not root.exists():
+        raise CompareError(
+            f"--out: {root} is a symbolic link to {os.readlink(root)}, which does not exist; "
+            "expected a folder (new or from compare): remove the link or name another folder"
+        )
     if root.exists() and not root.is_dir():
         raise CompareError(f"--out: {root} is a file; expected a folder (new or from compare)")
     if not root.exists():
@@ -90,7 +117,11 @@ def check_out(root: str | os.PathLike, planned: Iterable[str], force: bool) -> P
             f"--out: {root} is not empty; pass --force to replace what an earlier kvdiverge "
             "compare wrote there (nothing else is removed), or name a new folder"
         )
-    ours = set(_read_manifest(root)) if (root / MANIFEST).exists() else set()
+    listed = _read_manifest(root) if (root / MANIFEST).exists() else []
+    _check_inside(root, listed, f"listed in {MANIFEST}")
+    planned = list(planned)
+    _check_inside(root, planned, "a file compare writes")
+    ours = set(listed)
     for name in planned:
         target = root / name
         if (target.exists() or target.is_symlink()) and name not in ours:
@@ -109,6 +140,7 @@ def claim_out(root: Path, planned: Iterable[str]) -> None:
     planned = list(planned)
     root.mkdir(parents=True, exist_ok=True)
     earlier = _read_manifest(root) if (root / MANIFEST).exists() else []
+    _check_inside(root, [*planned, *earlier], f"listed in {MANIFEST} or to be written")
     atomic_write_text(root / MANIFEST, _manifest([*planned, *earlier]))
     for name in earlier:
         target = root / name
@@ -116,7 +148,7 @@ def claim_out(root: Path, planned: Iterable[str]) -> None:
             target.unlink()
     for folder in sorted({str(PurePosixPath(n).parent) for n in earlier} - {"."}, reverse=True):
         path = root / folder
-        if path.is_dir() and not any(path.iterdir()):
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
             path.rmdir()
 
 
