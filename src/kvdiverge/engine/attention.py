@@ -480,11 +480,12 @@ def shared_prefix_attention(
             o, lse = _attention_with_lse(qg, pk[None], pv[None], scale, prefix.fused)
         o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
         lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
-    # Each row's weights are padded to a multiple of 16 lanes so that the vectorised sigmoid
-    # treats every row alike (a CPU kernel's scalar tail could otherwise round the last rows
-    # differently, and the full control would no longer reproduce the reference bit for bit).
+    # Each row's weights are padded to a multiple of 64 lanes so that the vectorised sigmoid
+    # treats every row alike: torch's CPU loop runs blocks of two vectors (32 floats with
+    # AVX-512) and a scalar tail that rounds differently, so with rows of 16 lanes the last row
+    # of an odd batch took the tail and the full control lost its bit-exactness.
     diff = (lse_pre - lse_own).reshape(batch, n_heads)
-    diff = torch.nn.functional.pad(diff, (0, (-n_heads) % 16))
+    diff = torch.nn.functional.pad(diff, (0, (-n_heads) % 64))
     weight = torch.sigmoid(diff)[:, :n_heads].reshape(batch, n_kv, groups, 1)
     out = o_own + weight * (o_pre - o_own)
     return out.reshape(batch, n_heads, 1, d).transpose(1, 2).to(query.dtype), None
