@@ -20,10 +20,7 @@ rule materialize_documents:
         "../../envs/kvdiverge.yaml"
     params:
         datasets=config["datasets"],
-        tokenizer=lambda wildcards: length_tokenizer_path(),
-        trust_remote_code=lambda wildcards: bool(
-            length_tokenizer_model()[1].get("trust_remote_code", False)
-        ),
+        models=lambda wildcards: documents_models(),
         code=script_code("materialize_documents.py"),
     script:
         "../scripts/materialize_documents.py"

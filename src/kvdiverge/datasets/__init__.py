@@ -16,10 +16,16 @@ from kvdiverge.datasets.fitting import (
     DatasetError,
     LengthFitError,
     LengthFn,
+    LongestLength,
     MissingSourceError,
+    ModelLength,
 )
 from kvdiverge.datasets.helmet import HELMET_DATASETS
-from kvdiverge.datasets.materialize import materialize_stratum, stratum_source_paths
+from kvdiverge.datasets.materialize import (
+    materialize_for_models,
+    materialize_stratum,
+    stratum_source_paths,
+)
 from kvdiverge.datasets.registry import ENVIRONMENTS, DatasetEnvironment, register_environment
 from kvdiverge.datasets.ruler import RULER_TASKS
 from kvdiverge.datasets.strata import (
@@ -49,8 +55,11 @@ __all__ = [
     "DocumentsFormatError",
     "LengthFitError",
     "LengthFn",
+    "LongestLength",
     "MissingSourceError",
+    "ModelLength",
     "Stratum",
+    "materialize_for_models",
     "materialize_stratum",
     "plan_documents",
     "read_documents",

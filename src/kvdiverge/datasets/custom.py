@@ -9,7 +9,9 @@ A stratum ``{env: custom, label, target_tokens, path, fit, metric}`` reads ``pat
 * ``task`` (string, optional) — the ``task`` column (default ``custom``);
 * ``context`` (string, optional) — text put where the prompt says ``{context}``.
 
-Other fields are ignored. ``fit`` says how a prompt meets the stratum's length:
+Other fields are ignored; a prompt holding ``{context}`` without a ``context`` field (a
+misspelt field, most often) is an error, never a prompt that runs with the literal placeholder.
+Lines end at ``\n`` alone (a raw U+2028 or U+0085 inside a JSON string is text). ``fit`` says how a prompt meets the stratum's length:
 
 * ``as_given`` (default) — the prompt as written (with its whole ``context`` in place of
   ``{context}``); a prompt longer than target_tokens − generation_reserve tokens is an error;
@@ -36,6 +38,7 @@ from kvdiverge.datasets.fitting import (
     LengthFitError,
     LengthFn,
     MissingSourceError,
+    describe_length,
     truncate_context,
 )
 from kvdiverge.datasets.registry import DatasetEnvironment, document_row, register_environment
@@ -102,7 +105,7 @@ def _record(row: Mapping[str, Any], where: str) -> CustomRecord:
         raise DatasetError(
             f"{where}, field 'id': expected a string or an integer, got {type(ident).__name__}"
         )
-    return CustomRecord(
+    record = CustomRecord(
         prompt=_text(row.get("prompt"), where, "prompt", True),
         answers=_answers(row.get("answers"), where),
         id=None if ident is None else str(ident),
@@ -110,12 +113,35 @@ def _record(row: Mapping[str, Any], where: str) -> CustomRecord:
         context=_text(row.get("context"), where, "context", False),
         where=where,
     )
+    _check_placeholder(record, row)
+    return record
+
+
+FIELDS = ("prompt", "answers", "id", "task", "context")
+"""The fields a record may hold (module docstring); others are ignored."""
+
+
+def _check_placeholder(record: CustomRecord, row: Mapping[str, Any]) -> None:
+    """A prompt that says ``{context}`` without a ``context`` field would run with the literal
+    placeholder in it (a misspelt field name, most often): one line naming the record and the
+    fields it has instead."""
+    if record.context is not None or PLACEHOLDER not in record.prompt:
+        return
+    others = [str(k) for k in row if k not in FIELDS]
+    extra = f" (it has {', '.join(repr(k) for k in others)})" if others else ""
+    raise DatasetError(
+        f"{record.where}, field 'prompt': holds the placeholder {PLACEHOLDER} but the record "
+        f"has no field 'context'{extra}; expected a 'context' field to put there, or a prompt "
+        "without the placeholder"
+    )
 
 
 def _jsonl_rows(path: Path) -> list[tuple[str, Any]]:
     rows = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # JSON Lines end at "\n" alone: str.splitlines would also split at U+2028, U+0085 and
+        # other characters that JSON allows raw inside a string
+        lines = [line.removesuffix("\r") for line in path.read_text(encoding="utf-8").split("\n")]
     except UnicodeDecodeError as exc:
         raise DatasetError(f"{path}: not UTF-8 text ({exc.reason})") from None
     for number, line in enumerate(lines, 1):
@@ -295,9 +321,11 @@ class CustomEnvironment(DatasetEnvironment):
                 prompt = record.prompt.replace(PLACEHOLDER, record.context)
             n = length_fn(prompt)
             if n > budget:
+                needed = describe_length(
+                    length_fn, prompt, cfg.length_tokenizer or "the length tokenizer"
+                )
                 raise LengthFitError(
-                    f"{record.where}: the prompt needs {n} tokens under "
-                    f"{cfg.length_tokenizer or 'the length tokenizer'}, over the budget of "
+                    f"{record.where}: the prompt needs {needed}, over the budget of "
                     f"{budget} (target_tokens {stratum.target_tokens} - generation_reserve "
                     f"{cfg.generation_reserve}); raise target_tokens or give a context with "
                     f"fit: truncate"

@@ -1,24 +1,37 @@
-"""Length fitting under a tokenizer and chat template, and the data-layer errors.
+"""Length fitting under tokenizers and chat templates, and the data-layer errors.
 
-A *length function* maps a prompt (the user message) to its tokenized length ``n`` under the
-length model's chat template (``n`` is the tokenized prompt length; `docs/method.md`, "The
+A *length function* maps a prompt (the user message) to its tokenized length ``n`` under a
+model's chat template (``n`` is the tokenized prompt length; `docs/method.md`, "The
 language-model study"). Every document must satisfy ``n + reserve <= target_tokens``, RULER's
 budget rule with the generation horizon H as the reserve; HELMET truncates its context to the
 same budget (docs/datasets.md, "Datasets").
+
+A study of several models fits its documents under all of their tokenizers at once
+(:class:`LongestLength`): the length fitted is the longest of the models' own chat-wrapped
+lengths, so a document that fits fits every model (docs/datasets.md, "Lengths under every
+model"). The stratum's label stays nominal; each model's own length is recorded
+(:func:`model_lengths`) and is what its rollouts use.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 __all__ = [
     "DatasetError",
     "LengthFitError",
     "LengthFn",
+    "LongestLength",
     "MissingSourceError",
+    "ModelLength",
+    "check_model_windows",
     "derive_seed",
+    "describe_length",
     "largest_fitting",
+    "model_lengths",
     "ruler_unit_search",
     "truncate_context",
 ]
@@ -104,9 +117,9 @@ def truncate_context(
     if length_fn(full) <= budget:
         return full, len(context)
     if length_fn(render("")) > budget:
+        needed = describe_length(length_fn, render(""), "the length tokenizer")
         raise LengthFitError(
-            f"the prompt without its context needs {length_fn(render(''))} tokens, over the "
-            f"budget of {budget}"
+            f"the prompt without its context needs {needed}, over the budget of {budget}"
         )
     lo, hi, best = 0, len(context), 0
     while lo <= hi:
@@ -116,3 +129,111 @@ def truncate_context(
         else:
             hi = mid - 1
     return render(context[:best]), best
+
+
+# ---- several models -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelLength:
+    """One model of the study: its config name, the chat-wrapped length of a prompt under its
+    own tokenizer and chat template, and its context window (None: unknown, unchecked)."""
+
+    name: str
+    length_fn: LengthFn
+    window: int | None = None
+
+
+class LongestLength:
+    """The length a study of several models fits its documents with:
+    ``L(p) = max_m n_m(p)`` over the models' own chat-wrapped lengths ``n_m``.
+
+    Since ``L(p) <= budget`` exactly when ``n_m(p) <= budget`` for every model, a prompt fitted
+    under ``L`` fits each model's budget under that model's own tokenizer (RULER's searches
+    and HELMET's truncation need no change). The last few prompts' lengths are remembered, so
+    that describing a prompt just measured (:meth:`describe`) tokenizes it no second time.
+    """
+
+    def __init__(self, models: Sequence[ModelLength], remember: int = 8) -> None:
+        if not models:
+            raise ValueError("LongestLength needs at least one model")
+        names = [m.name for m in models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"LongestLength: model names repeat: {names}")
+        self.models = tuple(models)
+        self._remember = remember
+        self._seen: OrderedDict[str, dict[str, int]] = OrderedDict()
+
+    def lengths(self, prompt: str) -> dict[str, int]:
+        """Each model's chat-wrapped length of ``prompt``, by model name."""
+        found = self._seen.get(prompt)
+        if found is None:
+            found = {m.name: int(m.length_fn(prompt)) for m in self.models}
+            self._seen[prompt] = found
+            while len(self._seen) > self._remember:
+                self._seen.popitem(last=False)
+        else:
+            self._seen.move_to_end(prompt)
+        return dict(found)
+
+    def __call__(self, prompt: str) -> int:
+        return max(self.lengths(prompt).values())
+
+    def describe(self, prompt: str) -> str:
+        """The binding model's length first, then the others', e.g. ``4100 tokens under qwen
+        (llama: 3990)``."""
+        lengths = self.lengths(prompt)
+        name = max(lengths, key=lambda k: lengths[k])
+        others = ", ".join(f"{k}: {v}" for k, v in lengths.items() if k != name)
+        return f"{lengths[name]} tokens under {name}" + (f" ({others})" if others else "")
+
+
+def describe_length(length_fn: LengthFn, prompt: str, name: str) -> str:
+    """``<n> tokens under <name>``; under a :class:`LongestLength`, the binding model and
+    every other model's length (for one-line errors)."""
+    describe = getattr(length_fn, "describe", None)
+    if callable(describe):
+        return describe(prompt)
+    return f"{length_fn(prompt)} tokens under {name}"
+
+
+def check_model_windows(models: Sequence[ModelLength], stratum: str, target_tokens: int) -> None:
+    """Every model's context window holds the stratum's nominal length, so that a document
+    fitted to ``target_tokens`` (prompt plus the generation reserve) fits each window; one-line
+    :class:`LengthFitError` naming the stratum and the model otherwise. Runs before any
+    document is built."""
+    for m in models:
+        if m.window is not None and m.window < target_tokens:
+            raise LengthFitError(
+                f"{stratum}: target_tokens {target_tokens} exceeds the context window of "
+                f"{m.name} ({m.window} positions); lower target_tokens to at most {m.window} "
+                "or leave the model out"
+            )
+
+
+def model_lengths(
+    doc_ids: Sequence[str],
+    prompts: Sequence[str],
+    lengths: LongestLength,
+    target_tokens: int,
+    reserve: int,
+) -> dict[str, list[int]]:
+    """Each model's chat-wrapped length of every finished document, by model name (in the
+    documents' order), checked: ``n_m + reserve <= target_tokens`` and ``n_m + reserve <=
+    window_m`` for every model m and document. Raises :class:`LengthFitError` with one line
+    naming the document, the model and the lengths otherwise."""
+    out: dict[str, list[int]] = {m.name: [] for m in lengths.models}
+    for doc_id, prompt in zip(doc_ids, prompts, strict=True):
+        found = lengths.lengths(prompt)
+        for m in lengths.models:
+            n = found[m.name]
+            limit, what = target_tokens, f"target_tokens {target_tokens}"
+            if m.window is not None and m.window < limit:
+                limit, what = m.window, f"the context window of {m.window} positions"
+            if n + reserve > limit:
+                raise LengthFitError(
+                    f"{doc_id}: {n} tokens under {m.name} + generation_reserve {reserve} = "
+                    f"{n + reserve} exceeds {what} (all models: "
+                    + ", ".join(f"{k}: {v}" for k, v in found.items())
+                    + ")"
+                )
+            out[m.name].append(n)
+    return out

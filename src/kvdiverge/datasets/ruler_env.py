@@ -21,6 +21,7 @@ from kvdiverge.datasets.fitting import (
     LengthFitError,
     LengthFn,
     derive_seed,
+    describe_length,
     ruler_unit_search,
 )
 from kvdiverge.datasets.registry import DatasetEnvironment, document_row, register_environment
@@ -102,17 +103,20 @@ def _search_ruler_units(
         max_units = len(qa_docs) if qa_docs is not None else None
         units = ruler_unit_search(n_tokens, budget, min_units, inc, max_units=max_units)
     if units is None:
-        needed = length_fn(build(min_units, random.Random(0)).prompt)
-        raise LengthFitError(_no_fit(stratum, task, needed, cfg))
+        shortest = build(min_units, random.Random(0)).prompt
+        raise LengthFitError(_no_fit(stratum, task, shortest, length_fn, cfg))
     return units
 
 
-def _no_fit(stratum: Stratum, task: str, needed: int, cfg: DatasetsConfig) -> str:
+def _no_fit(
+    stratum: Stratum, task: str, prompt: str, length_fn: LengthFn, cfg: DatasetsConfig
+) -> str:
     budget = stratum.target_tokens - cfg.generation_reserve
+    needed = describe_length(length_fn, prompt, cfg.length_tokenizer or "the length tokenizer")
     return (
-        f"{stratum.name} {task}: the shortest prompt needs {needed} tokens under "
-        f"{cfg.length_tokenizer or 'the length tokenizer'}, over the budget of {budget} "
-        f"(target_tokens {stratum.target_tokens} - generation_reserve {cfg.generation_reserve})"
+        f"{stratum.name} {task}: the shortest prompt needs {needed}, over the budget of "
+        f"{budget} (target_tokens {stratum.target_tokens} - generation_reserve "
+        f"{cfg.generation_reserve})"
     )
 
 
@@ -173,9 +177,9 @@ def _ruler_documents(
         m = R.min_units(slot.task, q)
         minimum[(slot.task, slot.source_index)] = m
         qi = slot.source_index if q else 0
-        needed = length_fn(builder(slot.task, qi, vt_example_units)(m, random.Random(0)).prompt)
-        if needed > budget:
-            raise LengthFitError(_no_fit(stratum, slot.task, needed, cfg))
+        shortest = builder(slot.task, qi, vt_example_units)(m, random.Random(0)).prompt
+        if length_fn(shortest) > budget:
+            raise LengthFitError(_no_fit(stratum, slot.task, shortest, length_fn, cfg))
     units_by_task = {}
     for task in tasks:
         first = next(s for s in slots if s.task == task)
@@ -207,7 +211,7 @@ def _ruler_documents(
                 if n <= budget:
                     break
                 if units == lo:
-                    raise LengthFitError(_no_fit(stratum, slot.task, n, cfg))
+                    raise LengthFitError(_no_fit(stratum, slot.task, sample.prompt, length_fn, cfg))
                 units = max(lo, units - step)
             if not sample.items & used:
                 break

@@ -14,17 +14,24 @@ def length_tokenizer_model():
     return name, models[name]
 
 
-def length_tokenizer_path(wildcards=None):
-    """Local folder of a demo or sourced model (built by build_demo_model or
-    materialize_model), else the model's path or id."""
-    name, spec = length_tokenizer_model()
-    return model_path(name)
+def documents_models():
+    """Every configured model's tokenizer source (path or hub id, revision, remote code): the
+    documents are fitted under each of them (docs/datasets.md, "Lengths under every model")."""
+    length_tokenizer_model()  # one-line error for a length_tokenizer that names no model
+    return {
+        name: {
+            "path": model_path(name),
+            "revision": spec.get("revision"),
+            "trust_remote_code": bool(spec.get("trust_remote_code", False)),
+        }
+        for name, spec in config["models"].items()
+    }
 
 
 def documents_inputs(wildcards):
     """The stratum's data files that exist (missing ones get the script's one-line error), and
-    the length tokenizer's folder when a rule of this workflow builds it."""
-    name, spec = length_tokenizer_model()
+    the folders of the models whose tokenizers fit the documents when a rule of this workflow
+    builds them."""
     paths = [str(p) for p in stratum_source_paths(DATASETS, wildcards.stratum) if p.exists()]
-    built = name in demo_models() or name in sourced_models()
-    return {"tokenizer": [length_tokenizer_path()] if built else [], "data": paths}
+    built = [model_path(m) for m in config["models"] if m in demo_models() + sourced_models()]
+    return {"tokenizer": built, "data": paths}
