@@ -11,7 +11,9 @@ A stratum ``{env: custom, label, target_tokens, path, fit, metric}`` reads ``pat
 
 Other fields are ignored; a prompt holding ``{context}`` without a ``context`` field (a
 misspelt field, most often) is an error, never a prompt that runs with the literal placeholder.
-Lines end at ``\n`` alone (a raw U+2028 or U+0085 inside a JSON string is text). ``fit`` says how a prompt meets the stratum's length:
+Lines end at ``\n`` alone (a raw U+2028 or U+0085 inside a JSON string is text).
+
+``fit`` says how a prompt meets the stratum's length:
 
 * ``as_given`` (default) — the prompt as written (with its whole ``context`` in place of
   ``{context}``); a prompt longer than target_tokens − generation_reserve tokens is an error;

@@ -149,6 +149,9 @@ def load_tokenizer(
     )
     if not getattr(tok, "chat_template", None):
         raise ValueError(f"{path_or_id}: tokenizer has no chat template (prompts are chat-wrapped)")
+    from kvdiverge.models.checks import check_tokenizer
+
+    check_tokenizer(tok, path_or_id)  # template, ids and EOS against the folder: one line each
     return tok
 
 
@@ -159,9 +162,9 @@ def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
     template is rendered to text and encoded without adding special tokens again (the template
     itself writes BOS where the model wants it), as ``apply_chat_template`` does.
     """
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
+    from kvdiverge.models.checks import render_chat
+
+    text = render_chat(tokenizer, prompt, str(getattr(tokenizer, "name_or_path", "tokenizer")))
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return [int(i) for i in ids]
 
