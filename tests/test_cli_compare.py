@@ -207,8 +207,10 @@ def test_the_researchers_comparison_from_the_selector_folder(prompts, tmp_path):
         and "actions snapkv, mine, recent (baseline snapkv)" in err[1]
     )
     assert err[-1] == f"wrote {folder.name}" and not any("Traceback" in line for line in err)
-    progress = [line.split(" done: ")[0] for line in err if " done: " in line]
-    assert progress == ["prompt 1/2 (id 'fox')", "prompt 2/2 (line 2)"]
+    progress = [line.split(" [")[0] + " " + line.rsplit(" ", 2)[-2] for line in err if
+                line.endswith(" done)")]  # fmt: skip
+    assert progress == ["prompts: 1/2 'fox'", "prompts: 2/2 2"]
+    assert "\r" not in done.stderr and any(line.startswith("decode steps: ") for line in err)
     contrasts = pl.read_csv(folder / "contrasts.csv")
     assert contrasts["action"].unique(maintain_order=True).to_list() == ["mine", "recent"]
     assert set(contrasts["baseline"]) == {"snapkv"} and contrasts.height == 2 * 10

@@ -17,7 +17,13 @@ from kvdiverge.analysis.estimands import estimands_table
 from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
 from kvdiverge.cli import main
 from kvdiverge.compare import CompareError, parse_actions
-from kvdiverge.compare.actions import parse_budgets, sweep_budgets, with_baseline
+from kvdiverge.compare.actions import (
+    baseline_method,
+    contrast_pairs,
+    parse_budgets,
+    sweep_budgets,
+    with_baseline,
+)
 from kvdiverge.compare.sweep import SWEEP_ESTIMANDS, plot_sweep, sweep_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,48 +40,72 @@ def test_each_method_is_expanded_over_the_budgets():
     actions, base = with_baseline(
         parse_actions("r=recent@0.5+sinks=2,snapkv@0.5+window=8,full"), "s=snapkv@0.5+window=8"
     )
-    swept, sweep = sweep_budgets(actions, parse_budgets("0.25,0.5,64"), base)
+    swept, sweep = sweep_budgets(actions, parse_budgets("0.25,0.5"), base)
+    # the baseline is swept too (a paired grid); full keeps everything and stays as it is
     assert [(a.label, a.spec) for a in swept] == [
-        ("s", "snapkv@0.5+window=8"),
+        ("s@0.25", "snapkv@0.25+window=8"),
+        ("s@0.5", "snapkv@0.5+window=8"),
         ("r@0.25", "recent@0.25+sinks=2"),
         ("r@0.5", "recent@0.5+sinks=2"),
-        ("r@64", "recent@64+sinks=2"),
         ("snapkv@0.25+window=8", "snapkv@0.25+window=8"),
         ("snapkv@0.5+window=8", "snapkv@0.5+window=8"),
-        ("snapkv@64+window=8", "snapkv@64+window=8"),
         ("full", "full"),
     ]
-    assert swept[3].action.budget == 64 and swept[3].action.sinks == 2
-    assert sweep["r@0.25"] == ("r", 0.25) and sweep["snapkv@64+window=8"] == ("snapkv+window=8", 64)
-    assert "s" not in sweep and "full" not in sweep
+    assert swept[2].action.budget == 0.25 and swept[2].action.sinks == 2
+    assert sweep["r@0.25"] == ("r", 0.25) and sweep["snapkv@0.5+window=8"] == (
+        "snapkv+window=8",
+        0.5,
+    )
+    assert sweep["s@0.5"] == ("s", 0.5) and "full" not in sweep
+    tokens, _ = sweep_budgets(actions, parse_budgets("64,128"), base)
+    assert [a.action.budget for a in tokens if a.label.startswith("r@")] == [64, 128]
+
+
+def test_every_action_is_contrasted_with_the_baseline_at_its_own_budget():
+    before, base = with_baseline(parse_actions("mine=recent@0.5,full"), "s=snapkv@0.5+window=8")
+    swept, sweep = sweep_budgets(before, parse_budgets("0.25,0.75"), base)
+    pairs = contrast_pairs(swept, base, sweep, baseline_method(before, base))
+    assert pairs == {"mine@0.25": "s@0.25", "mine@0.75": "s@0.75"}
+    # a baseline that keeps everything is not swept: every action against it
+    before, base = with_baseline(parse_actions("mine=recent@0.5"), "full")
+    swept, sweep = sweep_budgets(before, parse_budgets("0.25,0.75"), base)
+    pairs = contrast_pairs(swept, base, sweep, baseline_method(before, base))
+    assert pairs == {"mine@0.25": "full", "mine@0.75": "full"}
 
 
 @pytest.mark.parametrize(
     "text,message",
     [
-        (
-            "0",
-            f"{EXPECTED}, got 0",
-        ),
-        (
-            "1.5",
-            f"{EXPECTED}, got 1.5",
-        ),
-        (
-            "half",
-            f"{EXPECTED}, got 'half'",
-        ),
-        (
-            "true",
-            f"{EXPECTED}, got True",
-        ),
+        ("0", f"{EXPECTED}, got 0"),
+        ("1.5", f"{EXPECTED}, got 1.5"),
+        ("half", f"{EXPECTED}, got 'half'"),
+        ("true", f"{EXPECTED}, got 'true'"),
         ("0.5,0.5", "--budgets: budget 0.5 given twice"),
+        ("0.5,5e-1", "--budgets: budget 0.5 given twice"),
+        ("64,64", "--budgets: budget 64 given twice"),
+        (
+            "1,1.0",
+            "--budgets: 1.0 is a fraction of the prompt and 1 a token count; expected one kind "
+            "on one axis (all fractions in (0, 1], or all token counts)",
+        ),
+        (
+            "0.25,512",
+            "--budgets: 0.25 is a fraction of the prompt and 512 a token count; expected one "
+            "kind on one axis (all fractions in (0, 1], or all token counts)",
+        ),
     ],
 )
 def test_bad_budgets_are_one_line(text, message):
+    """Each refused --budgets text is one exact line."""
     with pytest.raises(CompareError) as err:
         parse_budgets(text)
     assert str(err.value) == message
+
+
+def test_budgets_in_any_float_notation_are_fractions():
+    assert parse_budgets("1e-1,2.5E-1,0.5") == [0.1, 0.25, 0.5]
+    assert parse_budgets("1") == [1] and isinstance(parse_budgets("1")[0], int)
+    assert parse_budgets("1.0") == [1.0] and isinstance(parse_budgets("1.0")[0], float)
 
 
 @pytest.fixture(scope="module")

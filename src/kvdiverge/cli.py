@@ -96,6 +96,12 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--trust-remote-code", action="store_true", help="allow the model's own code"
     )
+    compare.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no messages and no progress on stderr (by default: bars by prompt and decode "
+        "step on a terminal, plain lines with rate and ETA elsewhere)",
+    )
     fetch = commands.add_parser(
         "fetch-model",
         help="materialize a config's model from its `source` into data/models/NAME (no pipeline)",
@@ -165,13 +171,10 @@ class _FetchError(ValueError):
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from transformers.utils import logging as hf_logging
-
     from kvdiverge.compare import compare
     from kvdiverge.compare.actions import add_cwd_to_path
     from kvdiverge.compare.folder import default_out
 
-    hf_logging.disable_progress_bar()  # no weight-loading bar: one line per step instead
     add_cwd_to_path([*args.actions.split(","), *([args.baseline] if args.baseline else [])])
     result = compare(
         args.model,
@@ -191,9 +194,10 @@ def _compare(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
-        log=lambda message: print(message, file=sys.stderr),
+        quiet=args.quiet,
     )
-    shown = ("summary.md", "contrasts.csv", "table1.html", "generations.html")
+    shown = ("summary.md", "contrasts.csv", "budget_contrasts.md", "table1.html")
+    shown += ("generations.html",)
     shown += ("fig5_divergence_cdf.png", "contrasts.png", "budget_sweep.png", "accuracy.png")
     shown += ("estimands.csv",)
     for name in shown:

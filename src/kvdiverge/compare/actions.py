@@ -36,6 +36,8 @@ __all__ = [
     "split_items",
     "sweep_budgets",
     "with_baseline",
+    "baseline_method",
+    "contrast_pairs",
 ]
 
 MAX_LABEL = 80
@@ -264,12 +266,27 @@ def add_cwd_to_path(specs: Sequence[str]) -> bool:
     return True
 
 
+def _budget(text: str) -> float | int | str:
+    """One budget as written: an integer (``512``) is a token count, anything else float()
+    reads (``0.5``, ``1e-1``, ``1.0``) a fraction; otherwise the text itself (refused)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def parse_budgets(text: str | Sequence[float | int] | None) -> list[float | int] | None:
-    """Budgets of a sweep from ``0.25,0.5,0.75`` (or a list): fractions in (0, 1] or token
-    counts >= 1, distinct; one-line :class:`CompareError` naming ``--budgets``."""
+    """Budgets of a sweep from ``0.25,0.5,0.75`` (or a list): all fractions in (0, 1] or all
+    token counts >= 1 (one axis: a fraction and a token count are different quantities, so
+    ``1`` and ``1.0`` — one token and the whole prompt — are never mixed), distinct; one-line
+    :class:`CompareError` naming ``--budgets``."""
     if text is None:
         return None
-    items = [_value(t.strip()) for t in text.split(",")] if isinstance(text, str) else list(text)
+    items = [_budget(t.strip()) for t in text.split(",")] if isinstance(text, str) else list(text)
     expected = "expected comma-separated budgets (fractions in (0, 1] or token counts >= 1)"
     if not items:
         raise CompareError(f"--budgets: {expected}, got {text!r}")
@@ -278,16 +295,35 @@ def parse_budgets(text: str | Sequence[float | int] | None) -> list[float | int]
         tokens = isinstance(b, int) and not isinstance(b, bool) and b >= 1
         if not (fraction or tokens):
             raise CompareError(f"--budgets: {expected}, got {b!r}")
-    dup = sorted({str(b) for b in items if items.count(b) > 1})
-    if dup:
-        raise CompareError(f"--budgets: budget {dup[0]} given twice")
+    kinds = {isinstance(b, int) for b in items}
+    if len(kinds) > 1:
+        f = next(b for b in items if isinstance(b, float))
+        n = next(b for b in items if isinstance(b, int))
+        raise CompareError(
+            f"--budgets: {f!r} is a fraction of the prompt and {n!r} a token count; expected "
+            "one kind on one axis (all fractions in (0, 1], or all token counts)"
+        )
+    seen: set = set()
+    for b in items:
+        if b in seen:
+            raise CompareError(f"--budgets: budget {b!r} given twice")
+        seen.add(b)
     return items
+
+
+def _method_name(a: LabelledAction) -> str:
+    """The method of a swept action: its label, or its spec without the budget."""
+    if a.label != a.spec:
+        return a.label
+    head, *params = _split_plus(a.spec)
+    return "+".join([head.partition("@")[0], *params])
 
 
 def sweep_budgets(
     actions: Sequence[LabelledAction], budgets: Sequence[float | int] | None, keep: str | None
 ) -> tuple[list[LabelledAction], dict[str, tuple[str, float | int]]]:
-    """Each action with a budget (not ``keep``, the baseline, nor one that keeps everything)
+    """Each action with a budget (the baseline ``keep`` too: a paired grid, every action
+    contrasted with the baseline at its own budget; not an action that keeps everything)
     repeated at every budget of the sweep: labelled ``LABEL@b`` (or its spec with the budget
     replaced when it has no label of its own). Returns the actions and, per swept label, its
     method (the label or spec without budget) and budget."""
@@ -296,12 +332,12 @@ def sweep_budgets(
     out: list[LabelledAction] = []
     sweep: dict[str, tuple[str, float | int]] = {}
     for a in actions:
-        if a.label == keep or a.action.keeps_everything or a.action.budget is None:
+        if a.action.keeps_everything or a.action.budget is None:
             out.append(a)
             continue
         head, *params = _split_plus(a.spec)
         selector = head.partition("@")[0]
-        method = a.label if a.label != a.spec else "+".join([selector, *params])
+        method = _method_name(a)
         for b in budgets:
             spec = "+".join([f"{selector}@{b}", *params])
             label = f"{a.label}@{b}" if a.label != a.spec else spec
@@ -314,3 +350,37 @@ def sweep_budgets(
             sweep[label] = (method, b)
     _check_labels(out, "--budgets")
     return out, sweep
+
+
+def baseline_method(actions: Sequence[LabelledAction], baseline: str | None) -> str | None:
+    """The method name of the baseline ``baseline`` (a label of ``actions``, before a sweep):
+    its label or spec without the budget; None without a baseline."""
+    for a in actions:
+        if a.label == baseline:
+            return _method_name(a)
+    return None
+
+
+def contrast_pairs(
+    swept: Sequence[LabelledAction],
+    baseline: str | None,
+    sweep: dict[str, tuple[str, float | int]],
+    method: str | None = None,
+) -> dict[str, str]:
+    """Each compared action → the baseline it is contrasted with. Without a sweep of the
+    baseline, the baseline itself. With one (``method``: the baseline's method,
+    :func:`baseline_method`), the baseline at the action's own budget: a paired grid, every
+    contrast at equal budget; an action not swept (no budget, or keeping everything) is then
+    contrasted with no baseline. The baseline's own points are no contrast."""
+    if baseline is None:
+        return {}
+    base_at = {b: label for label, (m, b) in sweep.items() if method is not None and m == method}
+    if not base_at:
+        return {a.label: baseline for a in swept if a.label != baseline}
+    out = {}
+    for a in swept:
+        if a.label in base_at.values() or a.label not in sweep:
+            continue
+        b = sweep[a.label][1]
+        out[a.label] = base_at[b]
+    return out

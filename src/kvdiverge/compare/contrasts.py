@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import polars as pl
@@ -20,6 +20,7 @@ from kvdiverge.tables.contrasts import (
     CONTRAST_ESTIMANDS,
     accuracy_contrasts,
     baseline_contrasts,
+    contrast_pairs_of,
     contrast_sentences,
     render_contrasts,
 )
@@ -63,8 +64,9 @@ def plot_contrasts(table: pl.DataFrame, styles: dict | None = None):
     from kvdiverge.plots.base import TEXT_WIDTH, empty_panel, new_figure, series_styles
 
     actions = table["action"].unique(maintain_order=True).to_list()
-    baseline = table["baseline"][0]
-    styles = styles or series_styles([baseline, *actions])
+    baselines = table["baseline"].unique(maintain_order=True).to_list()
+    baseline = baselines[0]
+    styles = styles or series_styles([*baselines, *actions])
     lines = sum(1 + len(a) // 25 for a in actions)
     height = 1.4 + 0.2 * lines + 0.1 * len(actions)
     fig, axes = new_figure(TEXT_WIDTH, height, 1, len(_PANELS), sharey=True)
@@ -92,7 +94,11 @@ def plot_contrasts(table: pl.DataFrame, styles: dict | None = None):
     axes[0][0].set_yticks(range(len(actions)), wrapped)
     axes[0][0].set_ylim(len(actions) - 0.5, -0.5)
     level = float(table["ci_level"][0])
-    title = textwrap.fill(f"each action minus the baseline {baseline}", 90)
+    if len(baselines) > 1:  # a paired budget grid
+        what = f"each action minus the baseline at its own budget ({', '.join(baselines)})"
+    else:
+        what = f"each action minus the baseline {baseline}"
+    title = textwrap.fill(what, 90)
     fig.suptitle(f"{title}\n(paired {100 * level:g}% document-bootstrap intervals)")
     return fig
 
@@ -102,7 +108,7 @@ def write_contrast_outputs(
     summary: str,
     estimands: pl.DataFrame,
     actions: Sequence[str],
-    baseline: str,
+    baseline: str | Mapping[str, str],
     root: Path,
 ) -> None:
     """``contrasts.{csv,md}``, ``summary.md``, ``contrasts.{png,pdf}`` and the decomposition
@@ -117,7 +123,7 @@ def write_contrast_outputs(
     atomic_write_text(root / "summary.md", summary)
     styles = series_styles(list(actions))
     save_figure(plot_contrasts(table, styles), root / "contrasts.png", root / "contrasts.pdf")
-    contrasts = [f"{a} - {baseline}" for a in actions if a != baseline]
+    contrasts = [f"{a} - {b}" for a, b in contrast_pairs_of(actions, baseline)]
     save_figure(
         plot_decomposition(estimands, contrasts, "estimands"),
         root / "decomposition.png",

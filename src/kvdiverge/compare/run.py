@@ -21,6 +21,7 @@ names.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -33,18 +34,29 @@ import polars as pl
 from kvdiverge.compare.actions import (
     CompareError,
     LabelledAction,
+    baseline_method,
+    contrast_pairs,
     parse_actions,
     parse_budgets,
     sweep_budgets,
     with_baseline,
 )
 from kvdiverge.compare.folder import check_out, claim_out, finish_out
+from kvdiverge.compare.inputs import (
+    COHORT,
+    check_budget_lengths,
+    check_numbers,
+    check_prompt_records,
+    name_user_prompt,
+    prompt_documents,
+    prompts_file,
+    user_keys,
+    window_hint,
+)
+from kvdiverge.pipeline.progress import RolloutProgress, quiet_library_bars
 
 __all__ = ["CompareResult", "compare", "planned_files"]
 
-STRATUM_LABEL = "prompts"
-"""Label of the one ``custom`` stratum the prompts form (documents ``custom-prompts/...``)."""
-COHORT = "study1"
 
 _TABLE_FORMATS = ("csv", "md", "tex", "html")
 
@@ -70,125 +82,34 @@ class CompareResult:
     files: dict[str, Path] = field(default_factory=dict)
 
 
-def _check_numbers(K: int, H: int, draws: int, level: float, temperature: float) -> None:
-    if not isinstance(K, int) or isinstance(K, bool) or K < 1:
-        raise CompareError(f"--K: expected an integer >= 1, got {K!r}")
-    if not isinstance(H, int) or isinstance(H, bool) or H < 4:
-        raise CompareError(f"--H: expected an integer >= 4 (the analysis clock), got {H!r}")
-    if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
-        raise CompareError(f"--draws: expected an integer >= 1, got {draws!r}")
-    if not isinstance(level, float | int) or not 0 < level < 1:
-        raise CompareError(f"--level: expected a number in (0, 1), got {level!r}")
-    ok = isinstance(temperature, float | int) and not isinstance(temperature, bool)
-    if not ok or not 0 <= temperature < float("inf"):
-        raise CompareError(
-            f"--temperature: expected a finite number >= 0 (0: greedy), got {temperature!r}"
-        )
-
-
-def _documents(
-    prompts: Path, H: int, metric: str, length_fn: Callable
-) -> tuple[pl.DataFrame, list]:
-    """The prompts as a custom stratum's documents (all in cohort study1), as given, and the
-    records they came from (the same order); lengths are checked by the caller."""
-    from kvdiverge.datasets import DatasetError, DatasetsConfig, materialize_stratum
-    from kvdiverge.datasets.custom import read_custom_records
-
-    try:
-        records = read_custom_records(prompts)
-    except DatasetError as exc:
-        raise CompareError(str(exc)) from None
-    section = {
-        "seed": 0,
-        "length_tokenizer": "compare",
-        "generation_reserve": H,
-        "cohorts": {"dev": 0, COHORT: len(records), "study2": 0},
-        "strata": [
-            {
-                "env": "custom",
-                "label": STRATUM_LABEL,
-                "target_tokens": 2**62,  # unbounded here: the model's window is checked after
-                "path": str(prompts),
-                "metric": metric,
-            }
-        ],
-    }
-    try:
-        cfg = DatasetsConfig.from_config(section)
-        documents = materialize_stratum(cfg, cfg.strata[0].name, length_fn)
-    except DatasetError as exc:
-        raise CompareError(str(exc)) from None
-    return documents, records
-
-
-def _user_keys(documents: pl.DataFrame, records: Sequence, prompts: Path) -> pl.DataFrame:
-    """doc_id → the user's ``id`` (null when the record has none) and ``line`` (``line 3`` of a
-    JSONL file, ``row 3`` of a Parquet file), checked against each document's source."""
-    keys = []
-    for doc_id, source in documents.select("doc_id", "source").rows():
-        index = int(doc_id.rsplit("/", 1)[1])
-        record = records[index]
-        line = record.where.rsplit(", ", 1)[1]
-        label = record.id if record.id is not None else line
-        expected = f"custom:{prompts}#{label}"
-        if source != expected and not source.startswith(expected + " "):
-            raise CompareError(f"{prompts}: document {doc_id!r} does not match {record.where}")
-        keys.append({"doc_id": doc_id, "user_id": record.id, "line": line})
-    return pl.DataFrame(keys, schema={"doc_id": pl.String, "user_id": pl.String, "line": pl.String})
-
-
-def _name_user_prompt(message: str, keys: pl.DataFrame) -> str:
-    """A preflight message with the generated doc_id replaced by the user's id and line."""
-    for doc_id, user_id, line in keys.rows():
-        named = f"prompt {user_id!r} ({line})" if user_id is not None else f"the prompt of {line}"
-        message = message.replace(f"doc_id {doc_id!r}", named)
-    return message
-
-
 class _PromptProgress:
-    """One log line per finished prompt, with the user's id or line and the elapsed time (the
-    ``progress`` of :func:`kvdiverge.engine.rollout_job.rollout_documents_actions`)."""
+    """The ``progress`` of :func:`kvdiverge.engine.rollout_job.rollout_documents_actions`: each
+    finished prompt, named by the user's id or line, and every decode step (``on_step``) go to
+    a :class:`kvdiverge.pipeline.progress.RolloutProgress` (bars on a terminal, else plain
+    lines with rate and ETA); ``bar`` None: silent."""
 
-    def __init__(self, keys: pl.DataFrame, say: Callable[[str], None], start: float) -> None:
+    def __init__(self, keys: pl.DataFrame, bar: Any) -> None:
         self.names = [
             f"id {user_id!r}" if user_id is not None else line
             for user_id, line in keys.select("user_id", "line").rows()
         ]
-        self.say, self.start, self.done = say, start, 0
+        self.bar, self.done = bar, 0
+        self.on_step = None if bar is None else bar.on_step
 
     def update(self, n: int = 1) -> None:
         for _ in range(n):
             self.done += 1
-            name = self.names[self.done - 1] if self.done <= len(self.names) else "?"
-            elapsed = time.perf_counter() - self.start
-            self.say(f"prompt {self.done}/{len(self.names)} ({name}) done: {elapsed:.1f} s")
+            if self.bar is not None:
+                name = self.names[self.done - 1] if self.done <= len(self.names) else None
+                self.bar.document(f"prompt {name}" if name else None)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
-def _prompts_file(prompts: Any, scratch: Path) -> Path:
-    """``prompts`` as a file: a path as given, or a list of records (dicts) or a polars / pandas
-    DataFrame written as JSONL into ``scratch`` (then ``line N`` names record N)."""
-    import json
-
-    if isinstance(prompts, str | os.PathLike):
-        return Path(prompts)
-    if hasattr(prompts, "to_dicts"):  # polars
-        records = prompts.to_dicts()
-    elif hasattr(prompts, "to_dict") and hasattr(prompts, "columns"):  # pandas
-        records = prompts.to_dict(orient="records")
-    elif isinstance(prompts, Sequence) and all(isinstance(r, dict) for r in prompts):
-        records = list(prompts)
-    else:
-        raise CompareError(
-            "prompts: expected a .jsonl or .parquet path, a list of records (dicts with prompt, "
-            f"answers, optional id, task, context) or a DataFrame of them, got "
-            f"{type(prompts).__name__}"
-        )
-    path = scratch / "prompts.jsonl"
-    try:
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    except TypeError as exc:
-        raise CompareError(f"prompts: a record is not JSON data ({exc})") from None
-    return path
+def _stderr_line(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def planned_files(
@@ -206,6 +127,8 @@ def planned_files(
         files += ["contrasts.png", "contrasts.pdf", "decomposition.png", "decomposition.pdf"]
     if sweep:
         files += ["budget_sweep.csv", "budget_sweep.png", "budget_sweep.pdf"]
+    if sweep and baseline is not None:
+        files += ["budget_contrasts.csv", "budget_contrasts.md"]
     return files
 
 
@@ -254,6 +177,7 @@ def compare(
     trust_remote_code: bool = False,
     max_batch_rows: int = 192,
     log: Callable[[str], None] | None = None,
+    quiet: bool = False,
 ) -> CompareResult:
     """Run a small study of ``actions`` on ``prompts`` with ``model`` (module docstring).
 
@@ -270,57 +194,81 @@ def compare(
     new or empty unless ``force`` (which replaces only what an earlier compare wrote there:
     :mod:`kvdiverge.compare.folder`); ``metric``: the accuracy metric
     (:data:`kvdiverge.datasets.scoring.METRICS`). Every input is checked before the model
-    loads; each failure is one :class:`CompareError` line, and nothing is written.
+    loads (those that need no tokenizer before torch and transformers are imported); each
+    failure is one :class:`CompareError` line, and nothing is written. Messages and live
+    progress (by prompt and by decode step, with rate and ETA) go to stderr, or to ``log``
+    (one line per call, never a carriage return) when given; ``quiet``: neither.
 
     Files in ``out``: :func:`planned_files`.
     """
     from kvdiverge.datasets.scoring import METRICS
-    from kvdiverge.engine.preflight import check_documents, check_model_source
-    from kvdiverge.models import chat_prompt_ids, load_tokenizer
 
-    say = log or (lambda message: None)
-    _check_numbers(K, H, draws, level, temperature)
+    say = (lambda message: None) if quiet else (log or _stderr_line)
+    check_numbers(K, H, draws, level, temperature)
     if metric not in METRICS:
         raise CompareError(f"--metric: expected one of {', '.join(METRICS)}, got {metric!r}")
+    check_prompt_records(prompts)  # a bad record is one line before torch is imported
+    swept_budgets = parse_budgets(budgets)
     labelled, base = with_baseline(parse_actions(actions), baseline)
     if base is not None and len(labelled) < 2:
         raise CompareError(f"--baseline: {base!r} is the only action; add --actions to compare")
-    labelled, sweep = sweep_budgets(labelled, parse_budgets(budgets), base)
-    if budgets is not None and not sweep:
+    method = baseline_method(labelled, base)
+    labelled, sweep = sweep_budgets(labelled, swept_budgets, base)
+    if budgets is not None and not any(m != method for m, _ in sweep.values()):
         raise CompareError(
             "--budgets: no action to sweep (every action keeps everything or is the baseline)"
         )
+    pairs = contrast_pairs(labelled, base, sweep, method)
+    if base is not None and not pairs:
+        raise CompareError("--baseline: no action to contrast with it at the swept budgets")
     names = [a.label for a in labelled]
     planned = planned_files(labelled, base, bool(sweep))
     root = None if out is None else check_out(out, planned, force)
+    # every check above needs no model; the model's own checks import torch and transformers
+    from kvdiverge.engine.preflight import check_documents, check_model_source
+    from kvdiverge.models import chat_prompt_ids, load_tokenizer
+
     spec = {"path": str(model), "trust_remote_code": trust_remote_code}
     try:
         info = check_model_source(spec, "--model")
     except ValueError as exc:
         raise CompareError(str(exc)) from None
-    tokenizer = load_tokenizer(str(model), trust_remote_code=trust_remote_code)
+    try:  # the tokenizer's template, ids and EOS against the folder (kvdiverge.models.checks)
+        tokenizer = load_tokenizer(str(model), trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        raise CompareError(f"--model: {' '.join(str(exc).split())}") from None
 
     def length_fn(prompt: str) -> int:
         return len(chat_prompt_ids(tokenizer, prompt))
 
     max_positions = info.get("max_positions") if info else None
     with tempfile.TemporaryDirectory(prefix="kvdiverge-prompts-") as scratch:
-        path = _prompts_file(prompts, Path(scratch))
+        path = prompts_file(prompts, Path(scratch))
         try:
-            documents, records = _documents(path, H, metric, length_fn)
+            documents, records = prompt_documents(path, H, metric, length_fn)
         except CompareError as exc:
             if isinstance(prompts, str | os.PathLike):
                 raise
             message = str(exc).replace(f"{path}, line ", "prompts, record ")
             raise CompareError(message.replace(str(path), "prompts")) from None
-        keys = _user_keys(documents, records, path)
+        keys = user_keys(documents, records, path)
     source = path if isinstance(prompts, str | os.PathLike) else "the records given"
+    lengths = documents["n_tokens"].to_list()
+    shown = [name_user_prompt(f"doc_id {d!r}", keys) for d in documents["doc_id"].to_list()]
+    swept = [a for a in labelled if a.label in sweep]
+    check_budget_lengths(swept, lengths, shown, "--budgets")
+    check_budget_lengths([a for a in labelled if a.label not in sweep], lengths, shown,
+                         "--actions")  # fmt: skip
     try:
         check_documents(
             documents, {a.label: a.action for a in labelled}, max_positions, H, str(source)
         )
     except ValueError as exc:
-        raise CompareError(_name_user_prompt(str(exc), keys)) from None
+        message = name_user_prompt(str(exc), keys)
+        culprit = next((a for a in labelled if f"action {a.label!r}" in message), None)
+        if culprit is not None and "observation window" in message:
+            message += window_hint(culprit, lengths)
+        raise CompareError(message) from None
     if temperature == 0 and K > 1:
         say(f"temperature 0 (greedy): every replicate is the same path, so K = 1 (not {K})")
         K = 1
@@ -330,8 +278,11 @@ def compare(
         + (f" (baseline {base})" if base else "")
         + f"; K={K}, H={H}, temperature {temperature:g}"
     )
+    progress = None
+    if not quiet:
+        progress = RolloutProgress(documents.height, write=log, unit="prompt")
     return _run(
-        model, prompts, labelled, base, sweep, documents, keys, tokenizer, root,
+        model, prompts, labelled, base, sweep, pairs, documents, keys, tokenizer, root, progress,
         K=K, H=H, temperature=temperature, seed=seed, draws=draws, level=level, metric=metric,
         device=device, dtype=dtype, trust_remote_code=trust_remote_code,
         max_batch_rows=max_batch_rows, say=say,
@@ -344,10 +295,12 @@ def _run(
     labelled: list[LabelledAction],
     base: str | None,
     sweep: dict[str, tuple[str, float | int]],
+    pairs: dict[str, str],
     documents: pl.DataFrame,
     keys: pl.DataFrame,
     tokenizer: Any,
     root: Path | None,
+    bar: Any,
     *,
     K: int,
     H: int,
@@ -373,7 +326,13 @@ def _run(
     from kvdiverge.analysis.document_stats import document_stats
     from kvdiverge.analysis.estimands import all_pairs, estimands_table, write_estimands
     from kvdiverge.compare.contrasts import baseline_contrasts, write_contrast_outputs
-    from kvdiverge.compare.sweep import sweep_table, write_sweep
+    from kvdiverge.compare.sweep import (
+        budget_contrast_table,
+        kv_bytes_per_entry,
+        sweep_table,
+        write_budget_contrasts,
+        write_sweep,
+    )
     from kvdiverge.datasets import write_documents
     from kvdiverge.engine.rollout_job import rollout_documents_actions
     from kvdiverge.engine.settings import RolloutSettings
@@ -393,18 +352,23 @@ def _run(
     names = [a.label for a in labelled]
     specs = [a.action for a in labelled]
     start = time.perf_counter()
-    lm = load_model(str(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    with quiet_library_bars():  # no "Loading weights" bar written into a file
+        lm = load_model(str(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     say(f"model loaded: {time.perf_counter() - start:.1f} s")
     eos = eos_token_ids(lm, tokenizer)
     settings = RolloutSettings(
         H=H, seed=seed, max_batch_rows=max_batch_rows, temperature=temperature
     )
     jobs = [(d, p, dict.fromkeys(names, K)) for d, p in documents.select("doc_id", "prompt").rows()]
-    progress = _PromptProgress(keys, say, time.perf_counter())
+    progress = _PromptProgress(keys, bar)
     try:
-        frames = rollout_documents_actions(lm, tokenizer, jobs, specs, eos, settings, progress)
+        frames = rollout_documents_actions(
+            lm, tokenizer, jobs, specs, eos, settings, progress, on_step=progress.on_step
+        )
     except ActionError as exc:  # a selector broke its contract (kvdiverge.eviction.contract)
         raise CompareError(str(exc)) from exc
+    finally:
+        progress.close()
     say(
         f"rollouts of {len(jobs)} prompts x {len(names)} actions: "
         f"{time.perf_counter() - start:.1f} s"
@@ -433,7 +397,7 @@ def _run(
     if root is not None:
         files |= {f"trajectories/{a}": paths[0] for a, paths in traj_paths.items()}
     model_name = Path(str(model)).name
-    contrasts = [(a, base) for a in names if a != base] if base else all_pairs(names)
+    contrasts = list(pairs.items()) if base else all_pairs(names)
     estimands = estimands_table(
         stats,
         clock,
@@ -469,9 +433,15 @@ def _run(
     table, summary = (None, "")
     if base is not None:
         table, summary = baseline_contrasts(
-            estimands, stats, acc_stats, names, base, H=H, metric=metric,
+            estimands, stats, acc_stats, names, pairs, H=H, metric=metric,
             draws=draws, seed=seed, level=level, temperature=temperature,
         )  # fmt: skip
+    by_budget = None
+    if sweep and table is not None:
+        kept = {a: float(f.group_by("doc_id").agg(pl.col("n_kept").first())["n_kept"].mean())
+                for a, f in frames.items() if f.height}  # fmt: skip
+        per_entry = kv_bytes_per_entry(lm.config, lm.dtype.itemsize)
+        by_budget = budget_contrast_table(table, sweep, kept, per_entry)
     if root is not None:
         write_documents(documents, root / "documents.parquet", metadata={"prompts": str(prompts)})
         write_estimands(estimands, root / "estimands.csv", root / "estimands.md")
@@ -494,9 +464,12 @@ def _run(
             tokenizer,
         )
         if table is not None:
-            write_contrast_outputs(table, summary, estimands, names, base, root)
+            write_contrast_outputs(table, summary, estimands, names, pairs, root)
         if swept is not None:
-            write_sweep(swept, estimands, base, root)
+            base_method = next((sweep[b][0] for b in pairs.values() if b in sweep), None)
+            write_sweep(swept, estimands, base, root, baseline_method=base_method)
+        if by_budget is not None:
+            write_budget_contrasts(by_budget, root)
         finish_out(root, planned)
         files |= {p: root / p for p in planned if not p.startswith("trajectories/")}
         say(f"wrote {root}")

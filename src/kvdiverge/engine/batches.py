@@ -5,7 +5,7 @@ its own prompt groups, positions and common random numbers (``docs/architecture.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +107,7 @@ def rollout_documents(
     eos_ids: Sequence[int],
     settings: RolloutSettings,
     skip: Any = None,
+    on_step: Callable[[int, int, int, int], None] | None = None,
 ) -> Iterator[tuple[str, dict[str, DocumentRollout]]]:
     """Coupled rollouts of many documents, the rows of several documents in each model call.
 
@@ -133,6 +134,10 @@ def rollout_documents(
     Seconds (as in :func:`rollout_document_actions`): a batch's decode seconds are shared by
     its units in proportion to their running row-steps; ``document_seconds`` of each result is
     the document's prefill, selections and share of the decode.
+
+    ``on_step(batch, batches, t, H)``, when given, is called after decode step t of planned
+    batch ``batch`` (0-based) of ``batches`` (a progress display: a batch cut in halves after
+    an out-of-memory reports its steps again from 1).
     """
     specs = _check_actions(actions, eos_ids)
     keep_freed_memory()  # reuse the calls' multi-megabyte buffers (engine.memory)
@@ -161,7 +166,9 @@ def rollout_documents(
             for d in indices:
                 if docs[d].prefill is None:
                     docs[d].prepare(model, settings, given.get(docs[d].doc_id))
-            for pieces, arrays, share in _run_batch(model, docs, batch, eos_ids, settings, budget):
+            hook = None if on_step is None else _batch_hook(on_step, b, len(plan), settings.H)
+            ran = _run_batch(model, docs, batch, eos_ids, settings, budget, hook)
+            for pieces, arrays, share in ran:
                 for piece, piece_arrays, piece_seconds in zip(pieces, arrays, share, strict=True):
                     parts[piece.doc][piece.group].append(piece_arrays)
                     seconds[piece.doc][piece.group] += piece_seconds
@@ -179,6 +186,13 @@ def rollout_documents(
             next_doc += 1
 
 
+def _batch_hook(
+    on_step: Callable[[int, int, int, int], None], batch: int, batches: int, H: int
+) -> Callable[[int], None]:
+    """``on_step`` of :func:`rollout_documents` bound to one planned batch."""
+    return lambda t: on_step(batch, batches, t, H)
+
+
 def _run_batch(
     model: torch.nn.Module,
     docs: Sequence[_Document],
@@ -186,6 +200,7 @@ def _run_batch(
     eos_ids: Sequence[int],
     settings: RolloutSettings,
     budget: list[int],
+    on_step: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[list[_Piece], list[list[dict[str, np.ndarray]]], list[float]]]:
     """Decode one planned batch: yields (pieces, their arrays, their decode seconds) per model
     batch that ran. A batch above ``budget[0]`` rows (lowered by an earlier out-of-memory) is
@@ -203,7 +218,7 @@ def _run_batch(
         units = [docs[p.doc].unit(p.group, p.replicates) for p in pieces]
         start = _clock(device)
         try:
-            arrays = _rollout_units(model, units, eos_ids, settings)
+            arrays = _rollout_units(model, units, eos_ids, settings, on_step)
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not _is_oom(exc) or not splittable:
                 raise

@@ -93,6 +93,7 @@ def document_rollouts(
     eos_ids: Sequence[int],
     settings: RolloutSettings,
     skip: Any = None,
+    on_step: Any = None,
 ) -> Iterator[tuple[str, dict[str, DocumentRollout]]]:
     """``(doc_id, {action name: DocumentRollout})`` per document, in order, as its batches
     finish: :func:`kvdiverge.engine.batches.rollout_documents` over the chat-wrapped prompts, so
@@ -114,7 +115,9 @@ def document_rollouts(
         for doc_id, prompt, counts in documents
         if counts
     ]
-    yield from rollout_documents(model, inputs, specs, eos_ids, settings, skip=skip)
+    yield from rollout_documents(
+        model, inputs, specs, eos_ids, settings, skip=skip, on_step=on_step
+    )
 
 
 def rollout_documents_actions(
@@ -126,6 +129,7 @@ def rollout_documents_actions(
     settings: RolloutSettings,
     progress: Any = None,
     timing: dict[str, dict[str, float]] | None = None,
+    on_step: Any = None,
 ) -> dict[str, pl.DataFrame]:
     """Coupled rollouts of many documents under several actions: one trajectory table per action.
 
@@ -136,7 +140,8 @@ def rollout_documents_actions(
     document's values equal its one-document run
     (:func:`kvdiverge.engine.document.rollout_document_actions`) to
     floating-point rounding. Each action's table lists its documents in the order given.
-    ``progress``: optional tqdm-like object updated once per document. ``timing``: optional
+    ``progress``: optional tqdm-like object updated once per document; ``on_step``: the
+    engine's step hook (:func:`kvdiverge.engine.batches.rollout_documents`). ``timing``: optional
     dict filled with, per action name, the sums over its documents of ``documents``,
     ``paths`` and the seconds of the rollout (``prefill_seconds``: each document's shared
     prefill, counted in full for every action that runs it; ``selection_seconds``;
@@ -145,7 +150,8 @@ def rollout_documents_actions(
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
     rollouts: dict[str, list[DocumentRollout]] = {a.name: [] for a in specs}
     documents = list(documents)
-    for _, results in document_rollouts(model, tokenizer, documents, specs, eos_ids, settings):
+    ran = document_rollouts(model, tokenizer, documents, specs, eos_ids, settings, on_step=on_step)
+    for _, results in ran:
         for name, result in results.items():
             rollouts[name].append(result)
             if timing is not None:
@@ -320,6 +326,8 @@ def load_checked_job(
         cohorts=job_cohorts,
     )
     lengths = dict(zip(checked["doc_id"], checked["n_tokens"], strict=True))
+    if info is not None:  # the window and the attention family against the job's own lengths
+        check_model_source(model, where, max(lengths.values(), default=0) + H)
     documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
     if not documents:
         log.warning("%s: no documents of the job's cohorts", documents_path)
@@ -386,7 +394,9 @@ def run_stratum_rollout_job(
     The scratch is keyed by everything that decides the results (model, actions, cohorts,
     settings, the documents file's digest and ``resume_key``, e.g. the code fingerprint): a
     changed job starts afresh. ``out_paths``, ``actions`` (spec dicts) and ``cohorts`` (cohort
-    → K) are keyed by action name. Progress goes to ``log_file`` (one tick per document) and
+    → K) are keyed by action name. Progress goes to ``log_file``
+    (:class:`kvdiverge.pipeline.progress.RolloutProgress`: bars on a terminal, else plain lines
+    by document and, every few seconds, by decode step, with rate and ETA) and
     one log line per document (its tokens, seconds and fraction of paths diverged). Each
     file's metadata key ``timing`` holds the action's measured seconds (sample-size planning
     reads them): the only part of a file that differs between reruns; ``documents`` the
@@ -395,9 +405,8 @@ def run_stratum_rollout_job(
     ``temperature``; e.g. ``lock``, the hash of the evaluation's
     prespecification lock); it may not replace a key the job writes itself.
     """
-    from tqdm import tqdm
-
     from kvdiverge.io.trajectories import write_trajectories
+    from kvdiverge.pipeline.progress import RolloutProgress
 
     specs = job_actions(actions, out_paths, cohorts)
     extra = dict(metadata or {})
@@ -409,8 +418,8 @@ def run_stratum_rollout_job(
     lm, eos, documents = job.model, job.eos_ids, job.documents
     scratch = job.open_scratch(out_paths, asdict(settings), resume_key)
     resumed = [doc_id for doc_id, _, _ in documents if scratch.done(doc_id)]
-    with tqdm(total=len(documents), file=log_file, unit="doc", mininterval=1.0) as bar:
-        bar.update(len(resumed))
+    bar = RolloutProgress(len(documents), stream=log_file, done=len(resumed))
+    with bar:
         rollouts = document_rollouts(
             lm,
             job.tokenizer,
@@ -419,6 +428,7 @@ def run_stratum_rollout_job(
             eos,
             settings,
             skip=set(resumed).__contains__,
+            on_step=bar.on_step,
         )
         for doc_id, results in rollouts:
             timing: dict[str, dict[str, float]] = {}
@@ -441,7 +451,7 @@ def run_stratum_rollout_job(
                 100 * share,
                 paths,
             )
-            bar.update(1)
+            bar.document(doc_id)
     saved = scratch.load_all()
     order = [doc_id for doc_id, _, _ in documents]
     timing = _sum_timing(saved[doc_id][1] for doc_id in order)

@@ -49,7 +49,7 @@ an action therefore costs one row per replicate, not two.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -401,6 +401,7 @@ def _rollout_units(
     units: Sequence[_Unit],
     eos_ids: Sequence[int],
     settings: RolloutSettings,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[list[dict[str, np.ndarray]]]:
     """Coupled rollouts of every unit of a batch: per unit, per intervention, its arrays.
 
@@ -420,7 +421,8 @@ def _rollout_units(
     ``settings.drop_ended`` ended rows leave the batch when they make up a quarter of it (the
     running rows' generated entries are then moved to the front); until then they run and
     their logits are ignored. With ``settings.keep_logits`` every row stays, so that every
-    stream's logits are recorded.
+    stream's logits are recorded. ``on_step(t)``, when given, is called once step t of every
+    row is coupled (a progress display; it sees no tensor).
     """
     H, keep_logits, temperature = settings.H, settings.keep_logits, settings.temperature
     first = units[0].prefill
@@ -461,6 +463,8 @@ def _rollout_units(
             probs = merge_eos(tempered_kernel(logits, temperature), eos_ids, inplace=True)
             for u, run in enumerate(runs):
                 run.couple(t, batch, u, probs, logits, point_mass, eos)
+            if on_step is not None:
+                on_step(t)
             if t == H:
                 break
             changed = False

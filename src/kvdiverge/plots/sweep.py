@@ -12,6 +12,7 @@ panels per model; a baseline, when given, is a dashed horizontal line at its own
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import textwrap
@@ -92,13 +93,22 @@ def plot_sweep(
     estimands: pl.DataFrame | None = None,
     baseline: str | None = None,
     baseline_label: str | None = None,
+    baseline_method: str | None = None,
 ) -> plt.Figure:
     """Three panels (P(τ ≤ H), mean entry time, R_SMC) against the budget, one row per model
     (a ``model`` column, :func:`sweep_table` with ``by_model``): one line per method with its
     intervals; the baseline's value (action ``baseline`` of ``estimands``, shown as
-    ``baseline_label``, default its name) dashed where given."""
+    ``baseline_label``, default its name) dashed where given. ``baseline_method``: a method of
+    the table that is the baseline swept with the others (a paired grid): its line is black
+    and dashed, with its intervals at every budget, and named "(baseline)" in the legend."""
     methods = table["method"].unique(maintain_order=True).to_list()
-    styles = series_styles(methods)
+    if baseline_method in methods:  # the baseline's line first, then the methods'
+        methods = [baseline_method] + [m for m in methods if m != baseline_method]
+    styles = dict(series_styles(methods))
+    if baseline_method in styles:
+        styles[baseline_method] = dataclasses.replace(
+            styles[baseline_method], color="black", linestyle="--"
+        )
     budgets = sorted(set(table["budget"].to_list()))
     fractions = all(0 < b <= 1 for b in budgets)
     scale_x = 100.0 if fractions else 1.0
@@ -143,7 +153,7 @@ def plot_sweep(
             if model is not None and len(models) > 1 and k == 0:
                 ax.set_title(str(model))
     handles = [Line2D([], [], marker=styles[m].marker, **styles[m].line()) for m in methods]
-    labels = list(methods)
+    labels = [f"{m} (baseline)" if m == baseline_method else m for m in methods]
     if drew_baseline:
         handles.append(Line2D([], [], color="0.35", ls="--", lw=1))
         labels.append(f"baseline {baseline_label or baseline}")

@@ -31,6 +31,7 @@ __all__ = [
     "action_sentences",
     "baseline_contrasts",
     "contrast_sentences",
+    "contrast_pairs_of",
     "contrast_table",
     "render_contrasts",
     "render_summary_html",
@@ -72,6 +73,17 @@ CONTRAST_COLUMNS = (
 _OWN = ("R_smc", "div_prob", "mean_entry_time")
 
 
+def contrast_pairs_of(
+    actions: Sequence[str], baseline: str | Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """(action, its baseline) in the order of ``actions``: every action but ``baseline``
+    against it, or, for a mapping (action → baseline: a paired budget grid, each action
+    against the baseline at its own budget), the actions it names."""
+    if isinstance(baseline, str):
+        return [(a, baseline) for a in actions if a != baseline]
+    return [(a, baseline[a]) for a in actions if a in baseline]
+
+
 def _weights(stats: pl.DataFrame, action: str, draws: int, seed: int) -> tuple[list, np.ndarray]:
     """Documents in the estimands table's order and its bootstrap weights (draw 0: the sample)."""
     docs = stats.filter(pl.col("action") == action).sort("stratum", "doc_id")
@@ -85,15 +97,17 @@ def accuracy_contrasts(
     stats: pl.DataFrame,
     acc_stats: pl.DataFrame,
     actions: Sequence[str],
-    baseline: str,
+    baseline: str | Mapping[str, str],
     *,
     draws: int,
     seed: int,
     level: float,
 ) -> pl.DataFrame:
     """Δ accuracy (``acc_y`` document means, action minus baseline) per action, with the paired
-    percentile interval under the estimands table's weights (module docstring)."""
-    doc_ids, weights = _weights(stats, baseline, draws, seed)
+    percentile interval under the estimands table's weights (module docstring); ``baseline``
+    as in :func:`contrast_pairs_of`."""
+    pairs = contrast_pairs_of(actions, baseline)
+    doc_ids, weights = _weights(stats, pairs[0][1], draws, seed)
 
     def acc(action: str) -> np.ndarray:
         rows = acc_stats.filter(pl.col("action") == action)
@@ -106,24 +120,22 @@ def accuracy_contrasts(
             )
         return np.array([by_doc[d] for d in doc_ids], dtype=np.float64)
 
-    means = {a: weights @ acc(a) / weights.sum(1) for a in actions}
+    means = {a: weights @ acc(a) / weights.sum(1) for pair in pairs for a in pair}
     out = []
-    for action in actions:
-        if action == baseline:
-            continue
-        diff = means[action] - means[baseline]
+    for action, base in pairs:
+        diff = means[action] - means[base]
         low, high = percentile_interval(diff[None, 1:], level, axis=1)
         out.append(
             {
                 "action": action,
-                "baseline": baseline,
+                "baseline": base,
                 "estimand": "accuracy",
                 "value": float(diff[0]),
                 "ci_low": float(low[0]),
                 "ci_high": float(high[0]),
                 "ci_level": level,
                 "action_value": float(means[action][0]),
-                "baseline_value": float(means[baseline][0]),
+                "baseline_value": float(means[base][0]),
                 "n_docs": len(doc_ids),
                 "draws_dropped": int((~np.isfinite(diff[1:])).sum()),
             }
@@ -131,15 +143,15 @@ def accuracy_contrasts(
     return pl.DataFrame(out)
 
 
-def _timing_rows(estimands: pl.DataFrame, actions: Sequence[str], baseline: str) -> pl.DataFrame:
+def _timing_rows(
+    estimands: pl.DataFrame, actions: Sequence[str], baseline: str | Mapping[str, str]
+) -> pl.DataFrame:
     pooled = estimands.filter(pl.col("stratum") == "pooled")
     own = pooled.filter((pl.col("contrast") == "") & pl.col("estimand").is_in(_OWN))
     own_value = {(a, e): v for a, e, v in own.select("action", "estimand", "value").rows()}
     rows = []
-    for action in actions:
-        if action == baseline:
-            continue
-        contrast = f"{action} - {baseline}"
+    for action, base in contrast_pairs_of(actions, baseline):
+        contrast = f"{action} - {base}"
         found = pooled.filter(pl.col("contrast") == contrast)
         if found.height == 0:
             raise ValueError(f"estimands: no contrast rows {contrast!r}")
@@ -150,9 +162,9 @@ def _timing_rows(estimands: pl.DataFrame, actions: Sequence[str], baseline: str)
                 r
                 | {
                     "action": action,
-                    "baseline": baseline,
+                    "baseline": base,
                     "action_value": own_value.get((action, r["estimand"])),
-                    "baseline_value": own_value.get((baseline, r["estimand"])),
+                    "baseline_value": own_value.get((base, r["estimand"])),
                 }
             )
     return pl.DataFrame(rows)
@@ -293,7 +305,7 @@ def contrast_table(
     stats: pl.DataFrame,
     acc_stats: pl.DataFrame | None,
     actions: Sequence[str],
-    baseline: str,
+    baseline: str | Mapping[str, str],
     *,
     draws: int,
     seed: int,
@@ -328,7 +340,7 @@ def baseline_contrasts(
     stats: pl.DataFrame,
     acc_stats: pl.DataFrame | None,
     actions: Sequence[str],
-    baseline: str,
+    baseline: str | Mapping[str, str],
     *,
     H: int,
     metric: str,
