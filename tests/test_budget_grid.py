@@ -113,3 +113,36 @@ def test_a_token_budget_above_a_prompt_is_refused_before_the_model_loads(tmp_pat
     with pytest.raises(CompareError) as err:
         compare(MODEL, prompts, "recent@100000", K=1, H=4, quiet=True)
     assert str(err.value).startswith("--actions: action 'recent@100000' keeps 100000 tokens")
+
+
+def test_a_bad_prompts_file_is_refused_before_torch_is_imported(tmp_path):
+    """The JSONL is read and checked before the model's checks import torch and transformers."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(PROMPTS[0]) + "\n" + '{"prompt": "x", "answers": ["y"]\n')
+    code = (
+        "import sys\n"
+        "from kvdiverge.compare import CompareError, compare\n"
+        "try:\n"
+        f"    compare({str(MODEL)!r}, {str(bad)!r}, 'snapkv@0.5', quiet=True)\n"
+        "except CompareError as exc:\n"
+        "    print(exc)\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    message, imported = done.stdout.strip().splitlines()
+    assert message.startswith(f"{bad}, line 2") and imported == "False False"
+
+
+def test_a_prompt_too_short_for_the_window_gets_the_fix(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "s", "prompt": "Hi?", "answers": ["x"]}) + "\n")
+    with pytest.raises(CompareError) as err:
+        compare(MODEL, prompts, "snapkv@0.5", K=1, H=4, quiet=True)
+    message = str(err.value)
+    assert "too short for the 64-token observation window" in message
+    fix = message.rsplit("e.g. ", 1)[1]
+    assert fix.startswith("snapkv@0.5+window=")
+    compare(MODEL, prompts, fix, K=1, H=4, draws=5, quiet=True)  # the suggestion runs
