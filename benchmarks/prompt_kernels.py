@@ -20,7 +20,7 @@ thread while it ran, so that another process on the machine costs less of the me
 * ``masked 50%``: the flash kernel, cold, with half of every row's entries masked out by an
   additive −inf mask (the masked prompt pass of a half-budget action);
 * ``native hot`` / ``native cold``: the engine's native prompt kernel
-  (``kvdiverge.engine.native``, keys packed once per cache as the engine does), as the flash
+  (``kvdiverge.engine.kernels.native``, keys packed once per cache as the engine does), as the flash
   kernel above; ``native masked 50%``: cold, half of every row's entries masked by its row's
   (H_kv, n) bias (the form the engine passes);
 * ``read K, V``: one summing pass over the cold keys and values (the memory's own rate: the
@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from kvdiverge.engine import native
+from kvdiverge.engine.kernels import native
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 GEMM = (2048, 576, 1536)

@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import kvdiverge.engine.attention as attention
 import kvdiverge.engine.document as document_module
+import kvdiverge.engine.kernels.reference as kernel_reference
 import kvdiverge.engine.rows as rows_module
 from kvdiverge.analysis.control import check_full_retention_control
 from kvdiverge.analysis.planning import cost_from_timing, read_timing
@@ -28,6 +29,7 @@ from kvdiverge.engine import (
     run_stratum_rollout_job,
     trajectory_frame,
 )
+from kvdiverge.engine.kernels import math_attention
 from kvdiverge.eviction import kept_positions, parse_action, run_prefill
 from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
@@ -371,14 +373,14 @@ def test_attention_paths_agree(demo, monkeypatch):
     model, _, ids, eos = demo
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, s, 16, generator=gen) for s in (6, 50, 50))
-    out, lse = attention._math_attention(q, k, v, 0.25)
+    out, lse = math_attention(q, k, v, 0.25)
     scores = (q @ k.transpose(-1, -2)) * 0.25
     torch.testing.assert_close(out, scores.softmax(-1) @ v, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-6, rtol=1e-6)
     fused = rollout_document(
         model, ids, SNAPKV_HALF, "doc-h", 3, eos, RolloutSettings(12, 1, keep_logits=True)
     )
-    monkeypatch.setattr(attention, "_MAX_SCORES", 4096)  # also exercise the query chunking
+    monkeypatch.setattr(kernel_reference, "_MAX_SCORES", 4096)  # also exercise the query chunking
     plain = rollout_document(
         model,
         ids,
@@ -394,41 +396,6 @@ def test_attention_paths_agree(demo, monkeypatch):
         a = torch.from_numpy(fused.logits[name]).double().softmax(-1)
         b = torch.from_numpy(plain.logits[name]).double().softmax(-1)
         assert (a - b).abs().max() <= 1e-5
-
-
-def test_fused_attention_kernel_is_validated_before_use(monkeypatch, caplog):
-    """A fused kernel is used only after it matches the plain path on a random problem: one
-    that is missing, raises, or returns another log-sum-exp convention is skipped for the next
-    candidate or the plain path; a kernel failing at run time falls back to the plain path."""
-    gen = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(4, 2, s, 16, generator=gen) for s in (3, 40, 40))
-    plain = attention._math_attention(q, k, v, 0.25)
-    monkeypatch.setattr(attention, "_FUSED", {})
-    assert attention._fused_kernel(q) is attention._cpu_flash  # this torch build has it
-    for got, want in zip(attention._attention_with_lse(q, k, v, 0.25), plain, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-
-    def missing(q, k, v, scale):
-        raise NotImplementedError("no such kernel here")
-
-    def base_two(q, k, v, scale):  # right output, log-sum-exp in another base
-        out, lse = attention._math_attention(q, k, v, scale)
-        return out, lse / np.log(2.0)
-
-    def good(q, k, v, scale):
-        if q.shape[0] == 4:  # fails at run time on the real problem's shape
-            raise RuntimeError("unsupported stride")
-        return attention._math_attention(q, k, v, scale)
-
-    for candidates, chosen in (((missing, base_two), None), ((missing, base_two, good), good)):
-        monkeypatch.setattr(attention, "_FUSED", {})
-        monkeypatch.setattr(attention, "_FUSED_CANDIDATES", {"cpu": candidates})
-        assert attention._fused_kernel(q) is chosen
-    with caplog.at_level("WARNING", logger="kvdiverge.engine.attention"):
-        out, lse = attention._attention_with_lse(q, k, v, 0.25)
-    assert "fused attention" in caplog.text and "using the plain path" in caplog.text
-    assert torch.equal(out, plain[0]) and torch.equal(lse, plain[1])
-    assert attention._fused_kernel(q) is None  # not tried again in this process
 
 
 def test_documents_selection_and_errors(tmp_path):

@@ -17,6 +17,8 @@ from engine_reference import law_differences, random_prompt
 import kvdiverge.engine.attention as attention
 from kvdiverge.engine import RolloutSettings, rollout_document_actions, rollout_documents
 from kvdiverge.engine.document import _Document, gather_prefix, kept_mask
+from kvdiverge.engine.kernels import native as native_kernel
+from kvdiverge.engine.kernels import prompt_reference, registry
 from kvdiverge.engine.settings import MASKED_MIN_FRACTION
 from kvdiverge.eviction import kept_positions, parse_action, run_prefill
 from kvdiverge.models import (
@@ -40,6 +42,8 @@ ACTIONS = [
     parse_action({"selector": "full"}, name="full"),
 ]
 LAWS = ("p", "q", "q_fixed")
+
+NATIVE = native_kernel.library() is not None  # built here (AVX-512, a compiler, not turned off)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
@@ -196,7 +200,7 @@ def test_masked_pass_equals_gathered_parts_with_ragged_and_empty_heads():
         masked = attention.SharedPrefix(
             rows, [prompt] * 3, fused, [attention.PromptPass([0, 1, 2], prompt, masks)], native
         )
-        assert attention._use_native(masked, q) == native  # this machine builds the kernel
+        registry.reset()
         for module in modules:
             want = attention.shared_prefix_attention(
                 module, q, key, value, None, kvd_prefix=gathered
@@ -205,61 +209,79 @@ def test_masked_pass_equals_gathered_parts_with_ragged_and_empty_heads():
                 0
             ]
             torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
-    # a KV head keeping nothing: the plain path (output 0 and lse −inf there, merged exactly)
+        choices = registry.kernel_choices()
+        expected = "reference-float32" if not fused else None
+        if fused and native and NATIVE:
+            expected = "native-avx512"
+        elif fused:
+            expected = "library-flash-cpu"
+        assert choices["prompt_masked"] == expected, (fused, native, choices)
+        assert choices["prompt_ragged"] == expected, (fused, native, choices)
+    # a KV head keeping nothing: output 0 and lse −inf there (the fused kernels' NaN replaced
+    # without a host synchronisation), merged exactly, on every kernel
     empty = kept.clone()
     empty[1, 0] = -1
     empty_masks = kept_mask(prefill, empty)
     part = attention.PromptPass([0], prompt, [empty_masks])
-    assert part.empty_head
-    shared = attention.SharedPrefix(rows[1:2], [prompt], True, [part])
     plain = attention.SharedPrefix(rows[1:2], [gather_prefix(prefill, empty)], False)
-    for module in modules:
-        got = attention.shared_prefix_attention(module, q, key, value, None, kvd_prefix=shared)
-        want = attention.shared_prefix_attention(module, q, key, value, None, kvd_prefix=plain)
-        assert torch.isfinite(got[0][rows[1]]).all()
-        torch.testing.assert_close(got[0][rows[1]], want[0][rows[1]], atol=1e-6, rtol=1e-5)
+    for fused, native in ((True, True), (True, False)):
+        shared = attention.SharedPrefix(rows[1:2], [prompt], fused, [part], native)
+        for module in modules:
+            got = attention.shared_prefix_attention(module, q, key, value, None, kvd_prefix=shared)
+            want = attention.shared_prefix_attention(module, q, key, value, None, kvd_prefix=plain)
+            assert torch.isfinite(got[0][rows[1]]).all()
+            torch.testing.assert_close(got[0][rows[1]], want[0][rows[1]], atol=1e-6, rtol=1e-5)
     assert shared.kept_entries() == [pytest.approx((35 + 0 + 12) / 4)]  # per layer and head
 
 
 def test_masked_kernel_is_validated_and_falls_back(monkeypatch, caplog):
-    """The fused masked kernel is used only after it matches the plain path with a mask; one
-    that ignores the mask is refused; a failure at run time falls back to the plain path."""
-    gen = torch.Generator().manual_seed(5)
-    q = torch.randn(1, 2, 6, 16, generator=gen)
-    monkeypatch.setattr(attention, "_FUSED_MASKED", {})
-    assert attention._fused_masked_kernel(q) is attention._cpu_flash_masked
+    """A masked candidate is used only after it matches the reference with masks (rows keeping
+    nothing included); one that ignores the mask is refused; one failing at run time is dropped
+    for that key with one warning and the next candidate (here the reference) gives the result."""
+    saved = list(registry._CANDIDATES)
+    monkeypatch.setattr(registry, "_CANDIDATES", saved)
+    registry.reset()
 
-    def ignores_mask(q, k, v, scale, bias):
-        return attention._math_attention(q, k, v, scale)
+    def ignores_mask(q, k, v, scale, table=None, rows=None):
+        return prompt_reference(q, k, v, scale)
 
-    monkeypatch.setattr(attention, "_FUSED_MASKED", {})
-    monkeypatch.setattr(attention, "_MASKED_CANDIDATES", {"cpu": (ignores_mask,)})
-    assert attention._fused_masked_kernel(q) is None
-
-    def fails(q, k, v, scale, bias):
-        if q.shape[2] != 5:  # passes validation, fails on the real problem
+    def fails(q, k, v, scale, table=None, rows=None):
+        if q.shape[1] == 6:  # passes validation (7, 13, 5 rows), fails on the real problem
             raise RuntimeError("unsupported stride")
-        return attention._math_attention(q, k, v, scale, bias.float())
+        return prompt_reference(q, k, v, scale, table, rows)
 
-    monkeypatch.setattr(attention, "_FUSED_MASKED", {})
-    monkeypatch.setattr(attention, "_MASKED_CANDIDATES", {"cpu": (fails,)})
-    n, d = 12, 16
+    on_cpu = lambda key: key[1] == "cpu"  # noqa: E731
+    for cand in (
+        registry.Candidate("ignores-mask", ("prompt_masked",), ignores_mask, on_cpu),
+        registry.Candidate("fails-later", ("prompt_masked",), fails, on_cpu),
+    ):
+        registry.register(cand)
+    registry._CANDIDATES[:] = [c for c in registry._CANDIDATES if c.kind != "native"]
+    registry._CANDIDATES[:] = [
+        c
+        for c in registry._CANDIDATES
+        if not (c.name == "library-flash-cpu" and c.layouts != ("rows_own",))
+    ]
+    d, n = 16, 12
+    assert registry.choose("prompt_masked", "cpu", torch.float32, d).name == "fails-later"
+    gen = torch.Generator().manual_seed(5)
     prompt = [(torch.randn(2, n, d, generator=gen), torch.randn(2, n, d, generator=gen))]
     mask = torch.rand((2, n), generator=gen) < 0.5
     mask[:, 0] = True
     part = attention.PromptPass([0], prompt, [[mask]])
     query = torch.randn(2, 6, 1, d, generator=gen)
     key = value = torch.randn(2, 2, 1, d, generator=gen)
-    # the library kernels (native=False): the native kernel takes masks without this fallback
-    shared = attention.SharedPrefix([torch.arange(2)], [prompt], True, [part], native=False)
+    shared = attention.SharedPrefix([torch.arange(2)], [prompt], True, [part])
     module = SimpleNamespace(layer_idx=0)
-    with caplog.at_level("WARNING", logger="kvdiverge.engine.attention"):
+    with caplog.at_level("WARNING", logger="kvdiverge.engine.kernels.registry"):
         got = attention.shared_prefix_attention(module, query, key, value, None, kvd_prefix=shared)
-    assert "fused masked attention" in caplog.text and "using the plain path" in caplog.text
-    shared.fused = False  # the plain path throughout (its own entries' part included)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "fails-later failed" in warned[0], warned
+    assert registry.kernel_choices()["prompt_masked"] == "fails-later, reference-float32"
+    shared = attention.SharedPrefix([torch.arange(2)], [prompt], False, [part])
     want = attention.shared_prefix_attention(module, query, key, value, None, kvd_prefix=shared)
     torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-6)
-    assert attention._FUSED_MASKED[("cpu", torch.float32, d)] is None
+    registry.reset()
 
 
 def test_bad_prompt_attention_is_one_line():

@@ -6,8 +6,9 @@ evicted cache. A prompt part is one tensor for all the rows of its group, never 
 :func:`shared_prefix_attention` (registered with transformers' ``AttentionInterface`` as
 :data:`ATTENTION_NAME`) scores each group's queries against its prompt part in one batched
 product, scores each row's own generated entries (:class:`RowCache`) separately, and merges the
-two exactly by their log-sum-exp. Fused kernels that return the log-sum-exp are used where one is
-validated for the device and dtype (:func:`_fused_kernel`), else the plain float32 path.
+two exactly by their log-sum-exp. Every product runs through the kernel registry
+(:mod:`kvdiverge.engine.kernels`): the native prompt kernel, a library kernel or the float32
+reference, whichever is validated first for the layout, device, dtype and head size.
 
 Two layouts serve a document's prompt groups (``docs/architecture.md``, "Shared-prefix
 attention"): the gathered one scores each group's queries against its own gathered kept entries
@@ -23,16 +24,19 @@ rounding; which wins depends on the kept fraction (``RolloutSettings.prompt_atte
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from kvdiverge.engine import native
+from kvdiverge.engine import kernels
+from kvdiverge.engine.families import check_attention_call
 
 __all__ = [
     "ATTENTION_NAME",
@@ -63,11 +67,8 @@ class PromptPass:
     masks: list[list[torch.Tensor] | None]
 
     def __post_init__(self) -> None:
-        # per group and layer: the additive mask (H_kv, n), 0 where kept and −inf elsewhere;
-        # whether some KV head keeps nothing (the fused kernels would give NaN there); and the
-        # entries each group keeps per layer and KV head, on average (arithmetic counts)
-        self.biases: list[list[torch.Tensor] | None] = []
-        self.empty_head = False
+        # the entries each group keeps per layer and KV head, on average (arithmetic counts;
+        # read once per document, not per step)
         n = self.prompt[0][0].shape[-2]
         self.kept = [
             float(n)
@@ -75,29 +76,67 @@ class PromptPass:
             else float(sum(int(x.sum()) for x in m)) / sum(x.numel() // n for x in m)
             for m in self.masks
         ]
+        # each group's row in the per-layer bias table (−1: no mask)
+        self.bias_rows: list[int] = []
         for mask in self.masks:
-            if mask is None:
-                self.biases.append(None)
-                continue
-            self.empty_head |= any(bool((~m).all(dim=-1).any()) for m in mask)
-            inf = float("-inf")
-            self.biases.append(
-                [torch.zeros(m.shape, device=m.device).masked_fill_(~m, inf) for m in mask]
-            )
-        # the native kernel's per-layer bias table: the masked groups' biases stacked, and each
-        # group's row in it (−1: no mask)
-        self.bias_rows = []
-        for bias in self.biases:
-            self.bias_rows.append(-1 if bias is None else sum(r >= 0 for r in self.bias_rows))
+            self.bias_rows.append(-1 if mask is None else sum(r >= 0 for r in self.bias_rows))
         self._tables: dict[int, torch.Tensor] = {}
+        self._indices: dict[tuple, torch.Tensor] = {}
 
     def bias_table(self, layer: int) -> torch.Tensor | None:
-        """(groups with a mask, H_kv, n): their additive masks of ``layer`` (built once)."""
-        if not any(b is not None for b in self.biases):
+        """(groups with a mask, H_kv, n) float32: their additive masks of ``layer`` (0 where
+        kept, −inf elsewhere; built once per layer)."""
+        masks = [m[layer] for m in self.masks if m is not None]
+        if not masks:
             return None
         if layer not in self._tables:
-            self._tables[layer] = torch.stack([b[layer] for b in self.biases if b is not None])
+            inf = float("-inf")
+            self._tables[layer] = torch.stack(
+                [torch.zeros(m.shape, device=m.device).masked_fill_(~m, inf) for m in masks]
+            )
         return self._tables[layer]
+
+    def row_index(self, groups: list[int], counts: list[int], device: torch.device) -> torch.Tensor:
+        """(Σ counts,) int32: each query row's index into the bias table, for the pass's groups
+        ``groups`` (positions in :attr:`groups`) holding ``counts`` query rows each (built once
+        per row layout: one host-to-device copy, not one per layer and step)."""
+        key = (tuple(groups), tuple(counts))
+        if key not in self._indices:
+            index = [self.bias_rows[i] for i in groups]
+            rows = torch.tensor(index, dtype=torch.int32).repeat_interleave(torch.tensor(counts))
+            self._indices[key] = rows.to(device)
+        return self._indices[key]
+
+    def call(self, chosen: list[int], counts: list[int], layer: int, groups: int) -> tuple:
+        """The prompt kernel's arguments for the pass's groups ``chosen`` (positions in
+        :attr:`groups`, with ``counts`` batch rows each) at ``layer``, ``groups`` query heads per
+        KV head: (layout, keys, values, bias table, row index) — the dense ``prompt_gathered``
+        layout when none of them has a mask."""
+        pk, pv = self.prompt[layer]
+        if all(self.masks[i] is None for i in chosen):
+            return "prompt_gathered", pk, pv, None, None
+        index = self.row_index(chosen, [c * groups for c in counts], pk.device)
+        return "prompt_masked", pk, pv, self.bias_table(layer), index
+
+
+_RAGGED = WeakIdKeyDictionary()  # a ragged part's padding mask → its (1, H_kv, n) bias
+
+
+def _gathered_call(
+    prompt: list[tuple[torch.Tensor, ...]], n_rows: int, layer: int, groups: int
+) -> tuple:
+    """A gathered prompt part's kernel arguments at ``layer`` for ``n_rows`` batch rows:
+    ``prompt_gathered``, or ``prompt_ragged`` with its padding masked by one bias row."""
+    pk, pv, *mask = prompt[layer]
+    if not mask:
+        return "prompt_gathered", pk, pv, None, None
+    table = _RAGGED.get(mask[0])
+    if table is None:
+        table = torch.zeros((1, *mask[0].shape), dtype=torch.float32, device=mask[0].device)
+        table[0].masked_fill_(~mask[0], float("-inf"))
+        _RAGGED[mask[0]] = table
+    index = torch.zeros(n_rows * groups, dtype=torch.int32, device=pk.device)
+    return "prompt_ragged", pk, pv, table, index
 
 
 @dataclass
@@ -118,6 +157,28 @@ class SharedPrefix:
     fused: bool = True  # use a validated fused attention kernel where one exists
     passes: list[PromptPass] = field(default_factory=list)  # masked passes over full prompts
     native: bool = True  # with ``fused``: the native prompt kernel where built and validated
+    _plan: list | None = field(default=None, init=False, repr=False, compare=False)
+
+    def plan(self) -> list[tuple[torch.Tensor, Callable[[int, int], tuple]]]:
+        """The prompt products of a model call, built once per row layout: per product its batch
+        rows and a function of (layer, query heads per KV head) giving the kernel's arguments
+        (layout, keys, values, bias table, row index). A masked pass's groups run in one
+        product; every other group with running rows against its own part."""
+        if self._plan is None:
+            plan, in_pass = [], set()
+            for part in self.passes:
+                in_pass.update(part.groups)
+                chosen = [i for i, g in enumerate(part.groups) if self.rows[g].numel()]
+                if not chosen:  # every row of these groups has ended
+                    continue
+                rows = torch.cat([self.rows[part.groups[i]] for i in chosen])
+                counts = [self.rows[part.groups[i]].numel() for i in chosen]
+                plan.append((rows, functools.partial(part.call, chosen, counts)))
+            for g, (rows, prompt) in enumerate(zip(self.rows, self.prompts, strict=True)):
+                if g not in in_pass and rows.numel():
+                    plan.append((rows, functools.partial(_gathered_call, prompt, rows.numel())))
+            self._plan = plan
+        return self._plan
 
     def kept_entries(self) -> list[float]:
         """Per row group: the prompt entries its rows attend to per layer and KV head (their
@@ -190,229 +251,6 @@ class RowCache:
         return self.lengths[layer_idx]
 
 
-_MAX_SCORES = 1 << 26  # float32 scores held at once by the plain path (256 MiB)
-
-
-def _math_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention of (…, s, d) queries over (…, n, d) keys: (output, log-sum-exp).
-
-    Scores, softmax and the weighted sum run in float32 whatever the model dtype (bf16 scores
-    would lose the precision SDPA keeps internally). ``bias`` (…, 1, n) or (…, s, n): added to
-    the scores (−inf masks a key out; a row with every key masked gives output 0 and log-sum-exp
-    −inf).
-    """
-    s, n = q.shape[-2], k.shape[-2]
-    chunk = max(1, _MAX_SCORES // max(1, n * q[..., :1, :1].numel()))
-    if s > chunk:  # bound the transient score matrix: split the queries (and a per-query bias)
-        per_query = bias is not None and bias.shape[-2] == s > 1
-        parts = [
-            _math_attention(
-                q[..., i : i + chunk, :],
-                k,
-                v,
-                scale,
-                bias[..., i : i + chunk, :] if per_query else bias,
-            )
-            for i in range(0, s, chunk)
-        ]
-        return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
-    scores = torch.matmul(q.float() * scale, k.float().transpose(-1, -2))
-    if bias is not None:
-        scores = scores.add_(bias)
-    m = scores.amax(dim=-1, keepdim=True)
-    if bias is not None:
-        m = m.clamp_min(torch.finfo(m.dtype).min)  # every key masked: weights 0, not NaN
-    weights = scores.sub_(m).exp_()
-    total = weights.sum(dim=-1, keepdim=True)
-    out = torch.matmul(weights, v.float()) / total
-    if bias is not None:
-        out = out.nan_to_num_(0.0)
-    return out, (m + total.log()).squeeze(-1)
-
-
-def _attention_with_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, fused: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, h, s, d) × (B, h, n, d) → normalised output (float32) and log-sum-exp (B, h, s).
-
-    A fused attention kernel that also returns the log-sum-exp where one is available and
-    validated for the device and dtype (:func:`_fused_kernel`: CPU flash attention; on CUDA
-    flash attention for fp16/bf16, else memory-efficient attention), otherwise the plain
-    matmul–softmax path (always with ``fused=False``). The fused kernels never hold the score
-    matrix.
-    """
-    kernel = _fused_kernel(q) if fused else None
-    if kernel is not None and q.numel() and k.numel():  # (fused kernels may fault on empty)
-        try:
-            out, lse = kernel(q, k, v, scale)
-            return out.float(), lse.float()
-        except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-            key = (q.device.type, q.dtype, q.shape[-1])
-            log.warning("fused attention %s failed (%s); using the plain path", key, exc)
-            _FUSED[key] = None
-    return _math_attention(q, k, v, scale)
-
-
-def _cpu_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> Any:
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, False, attn_mask=None, scale=scale
-    )
-
-
-def _cuda_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> Any:
-    return torch.ops.aten._scaled_dot_product_flash_attention(
-        q, k, v, 0.0, False, False, scale=scale
-    )[:2]
-
-
-def _cuda_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> Any:
-    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, k, v, None, True, 0.0, False, scale=scale
-    )[:2]
-    return out, lse[..., : q.shape[-2]]  # the log-sum-exp may be padded along the queries
-
-
-def _cpu_flash_masked(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor
-) -> Any:
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, False, attn_mask=bias, scale=scale
-    )
-
-
-def _cuda_efficient_masked(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor
-) -> Any:
-    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, k, v, bias, True, 0.0, False, scale=scale
-    )[:2]
-    return out, lse[..., : q.shape[-2]]
-
-
-_FUSED: dict[tuple[str, torch.dtype, int], Any] = {}
-_FUSED_CANDIDATES = {"cpu": (_cpu_flash,), "cuda": (_cuda_flash, _cuda_efficient)}
-_FUSED_MASKED: dict[tuple[str, torch.dtype, int], Any] = {}
-_MASKED_CANDIDATES = {"cpu": (_cpu_flash_masked,), "cuda": (_cuda_efficient_masked,)}
-
-
-def _fused_kernel(q: torch.Tensor) -> Any:
-    """The fused kernel for ``q``'s device type, dtype and head size, or ``None``.
-
-    The first candidate that runs and agrees with :func:`_math_attention` on a small random
-    problem (output and log-sum-exp, to the dtype's tolerance) is kept for the process; a
-    kernel missing from this torch build, unsupported for the dtype or returning another
-    convention is never used.
-    """
-    key = (q.device.type, q.dtype, q.shape[-1])
-    if key not in _FUSED:
-        candidates = _FUSED_CANDIDATES.get(q.device.type, ())
-        _FUSED[key] = next(
-            (f for f in candidates if _kernel_agrees(f, q.dtype, q.device, q.shape[-1])), None
-        )
-        if _FUSED[key] is None and candidates:
-            log.info("no fused attention kernel for %s; using the plain path", key)
-    return _FUSED[key]
-
-
-def _fused_masked_kernel(q: torch.Tensor) -> Any:
-    """The fused kernel with an additive mask for ``q``'s device type, dtype and head size, or
-    ``None`` (validated like :func:`_fused_kernel`, with a mask that drops about half the keys)."""
-    key = (q.device.type, q.dtype, q.shape[-1])
-    if key not in _FUSED_MASKED:
-        candidates = _MASKED_CANDIDATES.get(q.device.type, ())
-        _FUSED_MASKED[key] = next(
-            (
-                f
-                for f in candidates
-                if _kernel_agrees(f, q.dtype, q.device, q.shape[-1], masked=True)
-            ),
-            None,
-        )
-        if _FUSED_MASKED[key] is None and candidates:
-            log.info("no fused masked attention kernel for %s; using the plain path", key)
-    return _FUSED_MASKED[key]
-
-
-def _kernel_agrees(
-    kernel: Any, dtype: torch.dtype, device: torch.device, d: int, masked: bool = False
-) -> bool:
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn((2, 2, s, d), generator=gen).to(device, dtype) for s in (5, 37, 37))
-    scale = d**-0.5
-    bias = None
-    if masked:  # about half the keys dropped, a different half per head and query
-        drop = torch.rand((2, 2, 5, 37), generator=gen) < 0.5
-        drop[..., 0] = False
-        bias = torch.zeros(drop.shape).masked_fill_(drop, float("-inf")).to(device, dtype)
-    try:
-        out, lse = kernel(q, k, v, scale) if bias is None else kernel(q, k, v, scale, bias)
-    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
-        return False
-    ref_out, ref_lse = _math_attention(q, k, v, scale, None if bias is None else bias.float())
-    tol = 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
-    return (
-        tuple(out.shape) == tuple(ref_out.shape)
-        and tuple(lse.shape) == tuple(ref_lse.shape)
-        and torch.allclose(out.float(), ref_out, atol=tol, rtol=tol)
-        and torch.allclose(lse.float(), ref_lse, atol=tol, rtol=tol)
-    )
-
-
-_NATIVE: list[bool] = []  # [] until checked, then [whether the native kernel is used]
-
-
-def _use_native(prefix: SharedPrefix, q: torch.Tensor) -> bool:
-    """Whether ``prefix``'s prompt parts go to the native prompt kernel (:mod:`kvdiverge.
-    engine.native`): asked for, float32 on the CPU with one torch thread (the kernel runs on
-    one; with more, the library kernels use them), and the kernel built and agreeing with
-    :func:`_math_attention` (checked once per process on small problems: masked entries, a row
-    with every entry masked, lengths not a multiple of its block)."""
-    if not (prefix.native and prefix.fused and q.device.type == "cpu"):
-        return False
-    if torch.get_num_threads() != 1:
-        return False
-    if q.dtype != torch.float32 or q.shape[-1] % 16 or q.shape[-1] > 128:
-        return False
-    if not _NATIVE:
-        _NATIVE.append(native.library() is not None and _native_agrees())
-        if native.library() is not None and not _NATIVE[0]:
-            log.warning("native prompt kernel disagrees with the plain path; not used")
-    return _NATIVE[0]
-
-
-def _native_agrees() -> bool:
-    gen = torch.Generator().manual_seed(0)
-    for m, n, d in ((7, 37, 64), (13, 130, 16), (5, 200, 128)):
-        q, k, v = (torch.randn((2, s, d), generator=gen) for s in (m, n, n))
-        drop = torch.rand((2, 2, n), generator=gen) < 0.5
-        drop[1, 0] = True  # the second mask drops every entry of the first KV head
-        bias = torch.zeros(drop.shape).masked_fill_(drop, float("-inf"))
-        rows = torch.arange(m, dtype=torch.int32) % 3 - 1  # no mask, mask 0, mask 1
-        full = torch.stack([bias[r] if r >= 0 else torch.zeros(2, n) for r in rows.tolist()], 1)
-        try:
-            out, lse = native.attend(q, k, v, d**-0.5, bias, rows)
-            plain_out, plain_lse = native.attend(q, k, v, d**-0.5)
-        except (RuntimeError, OSError):
-            return False
-        ref_out, ref_lse = _math_attention(q, k, v, d**-0.5, full)
-        ref_plain = _math_attention(q, k, v, d**-0.5)
-        if not (
-            torch.allclose(out, ref_out, atol=1e-5, rtol=1e-5)
-            and torch.equal(lse.isinf(), ref_lse.isinf())
-            and torch.allclose(lse.nan_to_num(0.0, 0.0, 0.0), ref_lse.nan_to_num(0.0, 0.0, 0.0))
-            and torch.allclose(plain_out, ref_plain[0], atol=1e-5, rtol=1e-5)
-            and torch.allclose(plain_lse, ref_plain[1], atol=1e-5, rtol=1e-5)
-        ):
-            return False
-    return True
-
-
 def shared_prefix_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -431,7 +269,10 @@ def shared_prefix_attention(
     heads folded) are scored against its prompt part in one product. Without it this is plain
     SDPA attention. Each part gives a normalised output and its log-sum-exp; the exact softmax
     over the union is their mix with weight sigmoid(lse_prompt − lse_own) (log-sum-exp merge,
-    docs/architecture.md, "Shared-prefix attention").
+    docs/architecture.md, "Shared-prefix attention"). Every product goes through the kernel
+    registry (:mod:`kvdiverge.engine.kernels`): ``rows_own`` for the rows' own entries,
+    ``prompt_gathered``/``prompt_ragged`` for a group's gathered part, ``prompt_masked`` for a
+    masked pass.
     The signature is transformers' own (``sdpa_attention_forward``'s order: ``dropout`` before
     ``scaling``), so wrappers that pass ``dropout`` by position, as kvpress's does, work.
     Returns (B, q, H, d) like transformers' attention functions.
@@ -441,43 +282,28 @@ def shared_prefix_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
+    # a soft cap, sinks, a window shorter than the keys, anything unknown: refused, one line
+    check_attention_call(
+        kwargs, lambda: key.shape[2] + max(p[0][0].shape[1] for p in prefix.prompts)
+    )
     batch, n_heads, q_len, d = query.shape
     if q_len != 1:
         raise ValueError("shared_prefix_attention decodes one token per row and step")
     n_kv = key.shape[1]
     groups = n_heads // n_kv
     scale = float(scaling if scaling is not None else d**-0.5)
+    layer = module.layer_idx
     q = query.reshape(batch, n_kv, groups, d)
     # (B, H_kv, G, d), (B, H_kv, G)
-    o_own, lse_own = _attention_with_lse(q, key, value, scale, prefix.fused)
+    o_own, lse_own = kernels.attend_own(q, key, value, scale, prefix.fused)
     o_pre = torch.empty_like(o_own)
     lse_pre = torch.empty_like(lse_own)
-    in_pass = set()
-    use_native = _use_native(prefix, q)
-    for part in prefix.passes:
-        in_pass.update(part.groups)
-        _masked_pass(part, prefix, module.layer_idx, q, o_pre, lse_pre, scale, use_native)
-    for g, (rows, prompt) in enumerate(zip(prefix.rows, prefix.prompts, strict=True)):
-        if g in in_pass:
-            continue
-        pk, pv, *mask = prompt[module.layer_idx]
+    flags = {"fused": prefix.fused, "native": prefix.native}
+    for rows, run in prefix.plan():
         n_rows = rows.numel()
-        if n_rows == 0:  # every row of this group has ended
-            continue
-        qg = q.index_select(0, rows).transpose(0, 1).reshape(1, n_kv, n_rows * groups, d)
-        if use_native:  # a ragged part's padding masked out by a bias shared by its rows
-            bias = row_bias = None
-            if mask:
-                bias = torch.zeros((1, *mask[0].shape), dtype=torch.float32)
-                bias[0].masked_fill_(~mask[0], float("-inf"))
-                row_bias = torch.zeros(n_rows * groups, dtype=torch.int32)
-            o, lse = native.attend(qg[0], pk, pv, scale, bias, row_bias)
-        elif mask:  # ragged KV heads: the padding masked out, on the plain path
-            bias = torch.zeros(mask[0].shape, dtype=torch.float32, device=mask[0].device)
-            bias = bias.masked_fill_(~mask[0], float("-inf"))[None, :, None, :]
-            o, lse = _math_attention(qg, pk[None], pv[None], scale, bias)
-        else:
-            o, lse = _attention_with_lse(qg, pk[None], pv[None], scale, prefix.fused)
+        qg = q.index_select(0, rows).transpose(0, 1).reshape(n_kv, n_rows * groups, d)
+        layout, pk, pv, table, row_index = run(layer, groups)
+        o, lse = kernels.attend_prompt(layout, qg, pk, pv, scale, table, row_index, **flags)
         o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
         lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
     # Each row's weights are padded to a multiple of 64 lanes so that the vectorised sigmoid
@@ -489,72 +315,6 @@ def shared_prefix_attention(
     weight = torch.sigmoid(diff)[:, :n_heads].reshape(batch, n_kv, groups, 1)
     out = o_own + weight * (o_pre - o_own)
     return out.reshape(batch, n_heads, 1, d).transpose(1, 2).to(query.dtype), None
-
-
-def _masked_pass(
-    part: PromptPass,
-    prefix: SharedPrefix,
-    layer: int,
-    q: torch.Tensor,
-    o_pre: torch.Tensor,
-    lse_pre: torch.Tensor,
-    scale: float,
-    use_native: bool = False,
-) -> None:
-    """The rows of ``part``'s groups against the full prompt of ``layer`` in one product, each
-    group's evicted entries masked out; their outputs and log-sum-exps into ``o_pre``/``lse_pre``.
-
-    With ``use_native`` the native prompt kernel takes the groups' (H_kv, n) masks as they are
-    (:meth:`PromptPass.bias_table`, a row index per query); otherwise:
-    ``q`` (B, H_kv, G, d): every batch row's queries, grouped-query heads folded. The additive
-    mask (H_kv, rows·G, n) is built from each group's (H_kv, n) mask (no mask when every group
-    keeps everything); a fused kernel that takes it runs where one is validated, else the plain
-    float32 path (always when a KV head of some group keeps nothing)."""
-    chosen = [(i, prefix.rows[g]) for i, g in enumerate(part.groups) if prefix.rows[g].numel()]
-    if not chosen:  # every row of these groups has ended
-        return
-    _, n_kv, groups, d = q.shape
-    rows = torch.cat([r for _, r in chosen])
-    n_rows = rows.numel()
-    pk, pv = part.prompt[layer]
-    qg = q.index_select(0, rows).transpose(0, 1).reshape(1, n_kv, n_rows * groups, d)
-    if use_native:
-        table = part.bias_table(layer)
-        row_bias = None
-        if table is not None:
-            index = torch.tensor([part.bias_rows[i] for i, _ in chosen], dtype=torch.int32)
-            counts = torch.tensor([r.numel() * groups for _, r in chosen])
-            row_bias = index.repeat_interleave(counts)
-        o, lse = native.attend(qg[0], pk, pv, scale, table, row_bias)
-    elif all(part.biases[i] is None for i, _ in chosen):
-        o, lse = _attention_with_lse(qg, pk[None], pv[None], scale, prefix.fused)
-    else:
-        n = pk.shape[-2]
-        zero = pk.new_zeros((n_kv, 1, 1, n), dtype=torch.float32)
-        bias = torch.cat(
-            [
-                (zero if part.biases[i] is None else part.biases[i][layer][:, None, None]).expand(
-                    n_kv, r.numel(), groups, n
-                )
-                for i, r in chosen
-            ],
-            dim=1,
-        ).reshape(1, n_kv, n_rows * groups, n)
-        kernel = _fused_masked_kernel(qg) if prefix.fused and not part.empty_head else None
-        o = lse = None
-        if kernel is not None:
-            try:
-                o, lse = kernel(qg, pk[None], pv[None], scale, bias.to(qg.dtype))
-                o, lse = o.float(), lse.float()
-            except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-                key = (qg.device.type, qg.dtype, d)
-                log.warning("fused masked attention %s failed (%s); using the plain path", key, exc)
-                _FUSED_MASKED[key] = None
-                o = lse = None
-        if o is None:
-            o, lse = _math_attention(qg, pk[None], pv[None], scale, bias)
-    o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
-    lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
 
 
 AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)

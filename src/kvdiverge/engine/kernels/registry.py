@@ -25,9 +25,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from kvdiverge.engine.kernels.reference import agrees
 
 __all__ = [
     "LAYOUTS",
@@ -51,13 +53,15 @@ class Candidate:
     """A kernel for some layouts: ``run`` computes (output, log-sum-exp) in the layout's
     convention (:mod:`kvdiverge.engine.kernels.library`); ``claims(key)`` whether it serves
     the key at all (device, dtype, head size, availability on this machine);
-    ``validate(key)`` whether it agrees with the reference there (run once per key)."""
+    ``validate(key)`` whether it agrees with the reference there (run once per key; by default
+    :func:`kvdiverge.engine.kernels.reference.agrees` on the layout's validation problems).
+    One name may serve several layouts through several candidates (one per convention)."""
 
     name: str
     layouts: tuple[str, ...]
     run: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     claims: Callable[[Key], bool]
-    validate: Callable[[Key], bool] = field(default=lambda key: True)
+    validate: Callable[[Key], bool] | None = None
     kind: str = "library"  # "native", "library" or "reference" (the oracle: never validated)
 
     @property
@@ -79,7 +83,9 @@ def register(candidate: Candidate) -> None:
     if unknown:
         raise ValueError(f"kernel {candidate.name}: unknown layouts {sorted(unknown)}")
     with _LOCK:
-        _CANDIDATES[:] = [c for c in _CANDIDATES if c.name != candidate.name]
+        _CANDIDATES[:] = [
+            c for c in _CANDIDATES if (c.name, c.layouts) != (candidate.name, candidate.layouts)
+        ]
         oracles = [c for c in _CANDIDATES if c.oracle]
         others = [c for c in _CANDIDATES if not c.oracle]
         if candidate.oracle:
@@ -141,7 +147,11 @@ def _validated(cand: Candidate, key: Key) -> bool:
     memo = _VALIDATED.get((cand.name, key))
     if memo is None:
         try:
-            memo = bool(cand.validate(key))
+            if cand.validate is not None:
+                memo = bool(cand.validate(key))
+            else:
+                layout, device, dtype, d = key
+                memo = agrees(cand.run, layout, dtype, device, d)
         except Exception as exc:  # a candidate's own fault: it is never chosen
             log.warning("attention kernel %s: validation raised (%s)", cand.name, exc)
             memo = False

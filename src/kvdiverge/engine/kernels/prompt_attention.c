@@ -1,6 +1,7 @@
 /* Decoding rows' attention to a document's prompt cache, one pass over the cache (AVX-512).
  *
- * kvdiverge.engine.native compiles this file with the system C compiler and calls it through
+ * kvdiverge.engine.kernels.build compiles this file with the system C compiler, and
+ * kvdiverge.engine.kernels.native calls it through
  * ctypes (docs/engine.md, "The native prompt kernel"). For each KV head h, the M queries q[h]
  * (a document's decoding rows, grouped-query heads folded) are scored against the prompt's
  * n keys, each row's additive bias (its action's evicted entries at -inf) added, softmaxed,
@@ -200,25 +201,33 @@ static float softmax_row(float *s, const int n, const float scale, const float *
     return mx;
 }
 
+/* The ABI of kvd_prompt_attention (checked by kvdiverge.engine.kernels.build before use). */
+int kvd_abi_version(void) { return 2; }
+
 /* The pass: see the file's head. q (n_kv, M, d); kt packed (n_kv, ceil(n/64), d, 64);
  * v (n_kv, n, d); bias (n_bias, n_kv, n) additive or NULL; row_bias (M): each query row's
  * index into bias, -1 for none; out (n_kv, M, d); lse (n_kv, M); scratch: chunk rows of
  * ceil(n/64)·64 floats (the scores of up to ``chunk`` query rows at once) plus chunk floats.
- * Returns 0, or -1 when d is not a multiple of 16 up to 128. */
-int kvd_prompt_attention(const int n_kv, const int M, const int n, const int d,
-                         const float *q, const float *kt, const float *v, const float *bias,
+ * Only KV heads h0 <= h < h1 and query rows r0 <= r < r1 are computed (so that threads can
+ * share a call's work, each with its own scratch; every row is computed alike wherever it is,
+ * so the split changes no bit). Returns 0, or -1 when d is not a multiple of 16 up to 128 or a
+ * range is out of bounds. */
+int kvd_prompt_attention(const int n_kv, const int M, const int n, const int d, const int h0,
+                         const int h1, const int r0, const int r1, const float *q,
+                         const float *kt, const float *v, const float *bias,
                          const int32_t *row_bias, const float scale, float *out, float *lse,
                          float *scratch, const int chunk) {
     if (d % 16 != 0 || d > 128 || d <= 0 || chunk <= 0) return -1;
+    if (h0 < 0 || h1 > n_kv || r0 < 0 || r1 > M || n <= 0) return -1;
     const int nb = (n + KB - 1) / KB;
     const int64_t ld = (int64_t)nb * KB;
     const value_fn value_rows = VALUE_FNS[d / 16];
     float *totals = scratch + (int64_t)chunk * ld;
-    for (int h = 0; h < n_kv; h++) {
+    for (int h = h0; h < h1; h++) {
         const float *kth = kt + (int64_t)h * nb * d * KB;
         const float *vh = v + (int64_t)h * n * d;
-        for (int c0 = 0; c0 < M; c0 += chunk) {
-            const int mc = M - c0 < chunk ? M - c0 : chunk;
+        for (int c0 = r0; c0 < r1; c0 += chunk) {
+            const int mc = r1 - c0 < chunk ? r1 - c0 : chunk;
             const float *qc = q + ((int64_t)h * M + c0) * d;
             float *oc = out + ((int64_t)h * M + c0) * d;
             for (int b = 0; b < nb; b++)

@@ -1,0 +1,155 @@
+"""The float32 reference attention (the oracle every other kernel is validated against).
+
+Two conventions (``docs/engine.md``, "Attention kernels"):
+
+* dense, the ``rows_own`` and ``prompt_gathered`` layouts' library form: (…, s, d) queries over
+  (…, n, d) keys and values (:func:`math_attention`);
+* prompt, every prompt layout: q (H_kv, M, d) over keys and values (H_kv, n, d), optionally
+  with an additive bias table (T, H_kv, n) (−inf drops an entry) and each query row's index
+  into it (M,), −1 for no bias (:func:`prompt_reference`).
+
+Both return the normalised output and the log-sum-exp in float32; a row with every entry
+dropped (or no entry at all) gets output 0 and log-sum-exp −inf.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["agrees", "full_bias", "math_attention", "prompt_reference", "validation_problems"]
+
+_MAX_SCORES = 1 << 26  # float32 scores held at once (256 MiB)
+
+
+def math_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of (…, s, d) queries over (…, n, d) keys: (output, log-sum-exp).
+
+    out = softmax(scale·q·kᵀ + bias)·v and lse = log Σ_j exp(scale·q·k_j + bias_j), in float32
+    whatever the inputs' dtype (bf16 scores would lose the precision fused kernels keep
+    internally). ``bias`` (…, 1, n) or (…, s, n) is added to the scores. A row with every key
+    masked, or with no key (n = 0), gives output 0 and log-sum-exp −inf. The queries are split
+    so that at most 2²⁶ scores are held at once.
+    """
+    s, n = q.shape[-2], k.shape[-2]
+    if n == 0:
+        shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        out = q.new_zeros((*shape, s, v.shape[-1]), dtype=torch.float32)
+        return out, out.new_full((*shape, s), float("-inf"))
+    chunk = max(1, _MAX_SCORES // max(1, n * q[..., :1, :1].numel()))
+    if s > chunk:  # bound the transient score matrix: split the queries (and a per-query bias)
+        per_query = bias is not None and bias.shape[-2] == s > 1
+        parts = [
+            math_attention(
+                q[..., i : i + chunk, :],
+                k,
+                v,
+                scale,
+                bias[..., i : i + chunk, :] if per_query else bias,
+            )
+            for i in range(0, s, chunk)
+        ]
+        return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
+    scores = torch.matmul(q.float() * scale, k.float().transpose(-1, -2))
+    if bias is not None:
+        scores = scores.add_(bias)
+    m = scores.amax(dim=-1, keepdim=True)
+    if bias is not None:
+        m = m.clamp_min(torch.finfo(m.dtype).min)  # every key masked: weights 0, not NaN
+    weights = scores.sub_(m).exp_()
+    total = weights.sum(dim=-1, keepdim=True)
+    out = torch.matmul(weights, v.float()) / total
+    if bias is not None:
+        out = out.nan_to_num_(0.0)
+    return out, (m + total.log()).squeeze(-1)
+
+
+def full_bias(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(H_kv, M, n) float32: each query row's bias, row m = ``table[rows[m]]`` (zeros where
+    ``rows[m]`` is −1)."""
+    h, n = table.shape[1:]
+    padded = torch.cat([table.new_zeros((1, h, n)), table]).float()
+    return padded.index_select(0, rows.long() + 1).transpose(0, 1)
+
+
+def prompt_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    table: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompt convention's reference: q (H_kv, M, d) over k, v (H_kv, n, d), each query
+    row m with the bias ``table[rows[m]]`` (none where −1, or without a table); float32
+    (H_kv, M, d) output and (H_kv, M) log-sum-exp."""
+    bias = None if table is None else full_bias(table, rows)
+    return math_attention(q, k, v, scale, bias)
+
+
+def validation_problems(
+    layout: str, dtype: torch.dtype, device: torch.device | str, d: int
+) -> list[tuple[torch.Tensor, ...]]:
+    """Small random problems on which a candidate must agree with the reference, in the
+    layout's convention, the inputs in ``dtype`` on ``device``: dense (q, k, v) of 2 × 2 heads,
+    5 queries, 37 keys for ``rows_own``; otherwise (q, k, v, table, rows) over prompt lengths 37,
+    130 and 200 (not multiples of a kernel's block or alignment) and 5 to 13 query rows, with
+    for the masked layouts a table of two masks dropping about half the entries, the second
+    dropping every entry of KV head 0 (rows with no entry left), rows cycling −1, 0, 1."""
+    gen = torch.Generator().manual_seed(0)
+    if layout == "rows_own":
+        q, k, v = (torch.randn((2, 2, s, d), generator=gen) for s in (5, 37, 37))
+        return [tuple(x.to(device, dtype) for x in (q, k, v))]
+    problems = []
+    for m, n in ((7, 37), (13, 130), (5, 200)):
+        q, k, v = (torch.randn((2, s, d), generator=gen) for s in (m, n, n))
+        table = rows = None
+        if layout == "prompt_ragged":  # one mask shared by every row: padding at the end
+            keep = torch.arange(n)[None] < torch.tensor([[n - 3], [n // 2]])
+            table = torch.zeros((1, 2, n)).masked_fill_(~keep[None], float("-inf"))
+            rows = torch.zeros(m, dtype=torch.int32)
+        elif layout == "prompt_masked":
+            drop = torch.rand((2, 2, n), generator=gen) < 0.5
+            drop[1, 0] = True
+            table = torch.zeros(drop.shape).masked_fill_(drop, float("-inf"))
+            rows = torch.arange(m, dtype=torch.int32) % 3 - 1
+        moved = [x.to(device, dtype) for x in (q, k, v)]
+        problems.append(
+            (*moved, None if table is None else table.to(device), None if rows is None else rows)
+        )
+    return problems
+
+
+def agrees(run, layout: str, dtype: torch.dtype, device: torch.device | str, d: int) -> bool:
+    """Whether kernel ``run`` gives the reference's output and log-sum-exp (to 1e-5 in float32
+    and float64, 2e-2 in half precision; −inf where the reference has it, 0 output there) on
+    every :func:`validation_problems` problem."""
+    tol = 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
+    for problem in validation_problems(layout, dtype, device, d):
+        if layout == "rows_own":
+            q, k, v = problem
+            want = math_attention(q, k, v, d**-0.5)
+            got = run(q, k, v, d**-0.5)
+        else:
+            q, k, v, table, rows = problem
+            want = prompt_reference(q, k, v, d**-0.5, table, None if rows is None else rows)
+            got = run(q, k, v, d**-0.5, table, rows)
+        for g, w in zip(got, want, strict=True):
+            if tuple(g.shape) != tuple(w.shape):
+                return False
+            g = g.float()
+            if not torch.equal(torch.isneginf(g), torch.isneginf(w)):
+                return False
+            finite = torch.isfinite(w)
+            if not torch.isfinite(g[finite]).all():
+                return False
+            if not torch.allclose(g[finite], w[finite], atol=tol, rtol=tol):
+                return False
+        if layout != "rows_own" and not bool((got[0][torch.isneginf(want[1])] == 0).all()):
+            return False
+    return True
