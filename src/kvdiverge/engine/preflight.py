@@ -8,8 +8,10 @@ start of a rollout job, before the model loads (:func:`check_model_source`) and 
 rollout (:func:`check_documents`).
 
 * A model folder holds ``config.json`` (valid JSON), safetensors weights whose headers are whole
-  (a truncated or corrupt file is named), a tokenizer with a chat template, and a context window
-  (``max_position_embeddings`` or its synonyms) that covers the longest prompt plus H.
+  (a truncated or corrupt file is named), a tokenizer with a chat template, a context window
+  (``max_position_embeddings`` or its synonyms) that covers the longest prompt plus H, and an
+  attention the engine computes exactly (no logit soft cap, no sliding window shorter than the
+  longest prompt plus H: :mod:`kvdiverge.engine.families`).
 * A document's prompt is a non-empty string whose chat-wrapped length n leaves room for H
   generated tokens in the context window, and every action of the job can act on an n-token
   prompt (its budget keeps at least one entry; SnapKV's observation window and the recent
@@ -31,6 +33,7 @@ __all__ = [
     "CONTEXT_KEYS",
     "EMBEDDING_SUFFIXES",
     "PreflightError",
+    "check_attention_family",
     "check_configured_models",
     "check_documents",
     "check_loaded_model",
@@ -212,6 +215,7 @@ def check_model_folder(
         raise PreflightError(f"{where}: no *.safetensors weights in {path}{extra}")
     headers = {file: check_safetensors(file, where) for file in weights}
     check_vocab_size(config, config_file, headers, where)
+    check_attention_family(config, f"{where}: {config_file}", min_positions)
     if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise PreflightError(f"{where}: no tokenizer (tokenizer.json) in {path}")
     if not _has_chat_template(folder):
@@ -226,6 +230,20 @@ def check_model_folder(
             f"{need} ({min_positions} tokens)"
         )
     return {"max_positions": positions}
+
+
+def check_attention_family(config: Mapping[str, Any], where: str, positions: int | None) -> None:
+    """The model's attention is one the engine computes exactly
+    (:func:`kvdiverge.engine.families.attention_config_problem`: no logit soft cap, chunked
+    attention or ALiBi; no sliding window shorter than ``positions``); one line otherwise."""
+    from kvdiverge.engine.families import attention_config_problem
+
+    problem = attention_config_problem(config, positions)
+    if problem is not None:
+        raise PreflightError(
+            f"{where}: the model's attention uses {problem}, which the shared-prefix attention "
+            'does not compute (docs/models.md, "Model families")'
+        )
 
 
 def resolve_cached_folder(path: str, revision: str | None = None) -> Path | None:
@@ -276,6 +294,7 @@ def check_loaded_model(
     config = getattr(model, "config", None)
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
     positions = model_context_window(raw)
+    check_attention_family(raw, f"{where}: the model's config", min_positions)
     if min_positions is not None and positions is not None and positions < min_positions:
         raise PreflightError(
             f"{where}: the model's context window of {positions} positions is below {need} "
