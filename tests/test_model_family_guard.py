@@ -159,9 +159,13 @@ def _greedy(folder: Path, H: int = 8):
     ids = chat_prompt_ids(tok, PROMPT)
     settings = RolloutSettings(H, 5, temperature=0.0, drop_ended=False)
     full = parse_action({"selector": "full"}, name="full")
-    return model, ids, lambda: rollout_document_actions(
-        model, ids, [full], "doc", 1, eos_token_ids(model, tok), settings
-    )["full"]
+    return (
+        model,
+        ids,
+        lambda: rollout_document_actions(
+            model, ids, [full], "doc", 1, eos_token_ids(model, tok), settings
+        )["full"],
+    )
 
 
 def test_the_engine_refuses_a_softcap_at_the_first_call(gemma_softcap):
