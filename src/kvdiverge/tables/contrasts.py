@@ -26,6 +26,7 @@ from kvdiverge.analysis.bootstrap import percentile_interval, stratified_bootstr
 
 __all__ = [
     "CONTRAST_COLUMNS",
+    "GREEDY_NOTE",
     "CONTRAST_ESTIMANDS",
     "accuracy_contrasts",
     "action_sentences",
@@ -33,6 +34,7 @@ __all__ = [
     "contrast_sentences",
     "contrast_pairs_of",
     "contrast_table",
+    "decomposition_sentence",
     "render_contrasts",
     "render_summary_html",
     "render_summary_rst",
@@ -171,38 +173,102 @@ def _timing_rows(
 
 
 def _sentence_number(x: float, digits: int, scale: float = 1.0) -> str:
-    text = f"{scale * x:.{digits}f}"
-    return text.lstrip("-") if float(text) == 0 else text
+    """``scale * x`` at ``digits`` decimals, never ``-0.0`` (an exact 0 is ``0``)."""
+    v = scale * x
+    text = f"{v:.{digits}f}"
+    return "0" if v == 0 or float(text) == 0 else text
+
+
+def _digits_for(value: float, digits: int, scale: float) -> int:
+    """``digits``, or more where a nonzero ``value`` would round to 0 there (``0.00031``, not
+    ``0.000``): a sentence shows its difference and interval at one precision."""
+    d = digits
+    while math.isfinite(value) and value != 0 and float(f"{scale * value:.{d}f}") == 0:
+        d += 1
+    return d
+
+
+def _signed(x: float, digits: int, scale: float = 1.0) -> str:
+    text = _sentence_number(x, digits, scale)
+    return text if text.startswith("-") or text == "0" else f"+{text}"
 
 
 def _directed(
     value: float,
     low: float,
     high: float,
-    words: tuple[str, str],
+    words: tuple[str, str, str],
     other: str,
     digits: int,
     scale: float = 1.0,
 ) -> str:
-    """``|value| word than other [interval]``, the interval turned to the sentence's direction
-    ("7.0 steps earlier than snapkv [3.9, 12.2]"); "the same as other" for an exact 0."""
+    """A difference in words (``words``: the comparative for a positive and a negative
+    difference and the unit, e.g. ``("later", "earlier", "steps")``), against ``other``:
+
+    - an interval that excludes 0: ``|value| unit word than other [interval]``, the interval
+      turned to the sentence's direction ("7.0 steps earlier than snapkv [3.9, 12.2]");
+    - an interval that includes 0: no direction is claimed: "not clearly later or earlier than
+      snapkv: +0.8 steps [-0.7, 2.3], an interval that includes 0";
+    - 0 with the interval [0, 0]: "the same as other (a difference of 0 in every bootstrap
+      resample)";
+    - an undefined interval: the direction, with "[interval undefined]".
+    """
+    more, less, unit = words
+    unit_text = f" {unit}" if unit else ""
+    digits = _digits_for(value, digits, scale)
     finite = math.isfinite(low) and math.isfinite(high)
-    if value == 0 and (not finite or low == high == 0):
-        return f"the same as {other}" + (" [0, 0]" if finite else "")
+    if value == 0 and finite and low == high == 0:
+        return f"the same as {other} (a difference of 0 in every bootstrap resample)"
+    if value == 0 and not finite:
+        return f"the same as {other} [interval undefined]"
+    if finite and low <= 0 <= high:
+        lo, hi = _sentence_number(low, digits, scale), _sentence_number(high, digits, scale)
+        return (
+            f"not clearly {more} or {less} than {other}: {_signed(value, digits, scale)}"
+            f"{unit_text} [{lo}, {hi}], an interval that includes 0"
+        )
     if value < 0:
         value, low, high = -value, -high, -low
-        word = words[1]
+        word = less
     else:
-        word = words[0]
+        word = more
     interval = (
         f"[{_sentence_number(low, digits, scale)}, {_sentence_number(high, digits, scale)}]"
         if finite
         else "[interval undefined]"
     )
-    text = f"{_sentence_number(value, digits, scale)} {word} than {other} {interval}"
-    if finite and low <= 0 <= high:
-        text += " (the interval includes 0)"
+    return f"{_sentence_number(value, digits, scale)}{unit_text} {word} than {other} {interval}"
+
+
+def _percent(x: float) -> str:
+    """A share in percent without decimals, never ``-0%``."""
+    text = f"{x:.0f}"
+    return ("0" if float(text) == 0 else text) + "%"
+
+
+def decomposition_sentence(shares: Sequence[float]) -> str:
+    """The split of a gap into occurrence, exposure and rate (``shares`` in percent, summing to
+    100): each share, and, when one lies outside [0, 100%], why (the terms have opposite
+    signs, so they cancel in part and the others exceed the whole)."""
+    o, e, r = (_percent(x) for x in shares)
+    text = (
+        f"Of that gap, occurrence (paths that diverge at all) accounts for {o}, exposure (how "
+        f"long after divergence) {e} and rate (how often tokens differ after divergence) {r}."
+    )
+    if any(x < -0.5 or x > 100.5 for x in shares):
+        text += (
+            " Shares outside 0-100% mean the terms have opposite signs: one works against "
+            "the gap, and the others add up to more than all of it."
+        )
     return text
+
+
+GREEDY_NOTE = (
+    "Under greedy decoding every next-token law is a point mass, so every path's TV δ_t is 0 "
+    "or 1 and equals the token mismatch: S_.99 and R then equal R_SMC, and each prompt has one "
+    "path (K = 1)."
+)
+"""Stated once in a greedy summary: the identities that hold at temperature 0."""
 
 
 def action_sentences(
@@ -216,7 +282,7 @@ def action_sentences(
     p = by["div_prob"]
     other = f"{baseline} ({100 * p['baseline_value']:.0f}%)"
     more = _directed(
-        p["value"], p["ci_low"], p["ci_high"], ("points more", "points fewer"), other, 1, 100
+        p["value"], p["ci_low"], p["ci_high"], ("more", "fewer", "points"), other, 1, 100
     )
     out.append(
         f"{action} diverges from the full-cache model within H = {H} steps on "
@@ -225,17 +291,17 @@ def action_sentences(
     e = by["mean_entry_time"]
     if math.isfinite(e["value"]):
         when = _directed(
-            e["value"], e["ci_low"], e["ci_high"], ("steps later", "steps earlier"), baseline, 1
+            e["value"], e["ci_low"], e["ci_high"], ("later", "earlier", "steps"), baseline, 1
         )
         out.append(
-            f"{action} diverges {when}, by the mean first divergence step τ of the paths that "
-            "diverge."
+            f"By the mean first divergence step τ of the paths that diverge, {action} diverges "
+            f"{when}."
         )
     else:
         out.append(f"The mean entry time is undefined: {action} or {baseline} never diverges here.")
     r = by["R_smc"]
     other = f"{baseline}'s ({r['baseline_value']:.3f})"
-    gap = _directed(r["value"], r["ci_low"], r["ci_high"], ("higher", "lower"), other, 3)
+    gap = _directed(r["value"], r["ci_low"], r["ci_high"], ("higher", "lower", ""), other, 3)
     out.append(
         f"{action}'s R_SMC (the share of steps whose token differs from the full cache's) is "
         f"{r['action_value']:.3f}, {gap}."
@@ -248,11 +314,7 @@ def action_sentences(
             "not given (shares of a gap that may be 0 are unbounded)."
         )
     elif r["value"] != 0 and all(math.isfinite(s) for s in shares):
-        out.append(
-            "Of that gap, occurrence (paths that diverge at all) accounts for "
-            f"{shares[0]:.0f}%, exposure (how long after divergence) {shares[1]:.0f}% "
-            f"and rate (how often tokens differ after divergence) {shares[2]:.0f}%."
-        )
+        out.append(decomposition_sentence(shares))
     a = by.get("accuracy")
     if a is not None and a["action_value"] == a["baseline_value"] == 0:
         out.append(
@@ -261,7 +323,7 @@ def action_sentences(
         )
     elif a is not None:
         other = f"{baseline}'s ({100 * a['baseline_value']:.0f}%)"
-        words = ("points higher", "points lower")
+        words = ("higher", "lower", "points")
         acc = _directed(a["value"], a["ci_low"], a["ci_high"], words, other, 1, 100)
         out.append(
             f"Task accuracy ({metric}) of {action}'s generations is "
@@ -291,7 +353,8 @@ def contrast_sentences(
         f"# {named}against the baseline" if model else "# Against the baseline",
         "",
         f"{n_docs} {unit}, H = {H} generated tokens, {decoding}; brackets are paired "
-        f"{100 * level:g}% document-bootstrap intervals of the difference.",
+        f"{100 * level:g}% document-bootstrap intervals of the difference."
+        + (f" {GREEDY_NOTE}" if temperature == 0 else ""),
         "",
     ]
     for (action, baseline), rows in table.group_by(["action", "baseline"], maintain_order=True):
