@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvdiverge.engine.kernels import fused_masked_kernel
 from kvdiverge.engine.rows import (
     _Intervention,
     _rollout_chunk,
@@ -183,6 +184,13 @@ class _Document:
                 layout = (
                     "masked" if mean_kept(kept) >= MASKED_MIN_FRACTION * prefill.n else "gathered"
                 )
+                # no validated fused kernel for the masked layout here (the float32 reference
+                # would run it): the gathered caches, which the fused kernels take
+                keys = prefill.keys[0]
+                if settings.fused_attention and not fused_masked_kernel(
+                    keys.device, keys.dtype, keys.shape[-1]
+                ):
+                    layout = "gathered"
             if identity:
                 self.interventions.append(_Intervention(None))
             elif layout == "masked":

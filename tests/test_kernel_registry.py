@@ -1,0 +1,224 @@
+"""The kernel registry (engine.kernels.registry, dispatch, library).
+
+``kernel_choices()`` is empty in a fresh process and names, per layout, the kernels the calls
+so far used; each candidate is validated against the float32 reference once per (layout,
+device, dtype, head size), one that is missing, raises, ignores the mask or returns another
+log-sum-exp convention is never chosen, and one failing at run time is dropped for that key
+(one warning) in favour of the next. The CUDA candidates are selected in their order on CUDA
+keys (simulated: no GPU here, their validation replaced), and the engine's ``auto`` layout
+attends to gathered caches where the masked layout has no fused kernel. The padded-stride bias
+the memory-efficient CUDA kernel needs has the values of the reference's bias and a row stride
+that is a multiple of the alignment; through the CPU flash kernel and through SDPA's math
+kernel it gives the reference's attention, rows keeping nothing at output 0 and −inf."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from kvdiverge.engine.kernels import dispatch, library, registry
+from kvdiverge.engine.kernels.reference import full_bias, math_attention, prompt_reference
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """The registry's candidates as registered, on a copy this test may change; choices reset
+    before and after."""
+    monkeypatch.setattr(registry, "_CANDIDATES", list(registry._CANDIDATES))
+    registry.reset()
+    yield
+    registry.reset()
+
+
+def test_kernel_choices_is_empty_in_a_fresh_process_then_names_each_layout():
+    code = (
+        "import json, torch\n"
+        "from kvdiverge.engine.kernels import attend_own, attend_prompt, kernel_choices\n"
+        "print(json.dumps(kernel_choices()))\n"
+        "q = torch.randn(2, 2, 3, 16); k = torch.randn(2, 2, 9, 16)\n"
+        "attend_own(q, k, k, 0.25)\n"
+        "t = torch.zeros(1, 2, 9); r = torch.zeros(6, dtype=torch.int32)\n"
+        "attend_prompt('prompt_masked', q.reshape(2, 6, 16)[:, :6], k[0], k[0], 0.25, t, r)\n"
+        "print(json.dumps(kernel_choices()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert json.loads(out[0]) == {}
+    after = json.loads(out[1])
+    assert set(after) == {"rows_own", "prompt_masked"}
+    assert after["rows_own"] == "library-flash-cpu"
+    assert after["prompt_masked"] in ("native-avx512", "library-flash-cpu")
+    assert all(isinstance(v, str) for v in after.values())
+
+
+def test_each_candidate_is_validated_once_and_wrong_ones_are_never_chosen(fresh, caplog):
+    """For ``rows_own`` on the CPU: a missing kernel, one that raises on validation and one with
+    a base-2 log-sum-exp are skipped; a good one is chosen, validated once for the key; when it
+    fails at run time it is dropped for that key with one warning, the reference gives the
+    result (bit-identical to calling it) and the choices list both."""
+    calls = {"good": 0}
+
+    def missing(q, k, v, scale):
+        raise NotImplementedError("no such kernel here")
+
+    def base_two(q, k, v, scale):
+        out, lse = math_attention(q, k, v, scale)
+        return out, lse / np.log(2.0)
+
+    def good(q, k, v, scale):
+        calls["good"] += 1
+        if q.shape[0] == 4:  # fails at run time on the real problem's shape
+            raise RuntimeError("unsupported stride")
+        return math_attention(q, k, v, scale)
+
+    registry._CANDIDATES[:] = [c for c in registry._CANDIDATES if "rows_own" not in c.layouts]
+    cpu = lambda key: key[1] == "cpu"  # noqa: E731
+    for name, run in (("missing", missing), ("base-two", base_two), ("good", good)):
+        registry.register(registry.Candidate(name, ("rows_own",), run, cpu))
+    registry.register(
+        registry.Candidate(
+            "reference-float32", ("rows_own",), math_attention, cpu, kind="reference"
+        )
+    )
+    for _ in range(3):
+        assert registry.choose("rows_own", "cpu", torch.float32, 16).name == "good"
+    assert calls["good"] == 1  # validated once
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(4, 2, s, 16, generator=gen) for s in (3, 40, 40))
+    with caplog.at_level(logging.WARNING, logger="kvdiverge.engine.kernels.registry"):
+        out, lse = dispatch.attend_own(q, k, v, 0.25)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "good failed" in warned[0] and "unsupported stride" in warned[0]
+    want = math_attention(q, k, v, 0.25)
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    assert registry.choose("rows_own", "cpu", torch.float32, 16).name == "reference-float32"
+    assert registry.kernel_choices()["rows_own"] == "good, reference-float32"
+    # another head size is its own key: validated and chosen afresh
+    assert registry.choose("rows_own", "cpu", torch.float32, 32).name == "good"
+
+
+def test_settings_restrict_the_choice(fresh):
+    """``fused=False``: the reference for every layout; ``native=False``: never the native
+    kernel."""
+    for layout in registry.LAYOUTS:
+        cand = registry.choose(layout, "cpu", torch.float32, 64, fused=False)
+        assert cand.name == "reference-float32" and cand.oracle
+        assert registry.choose(layout, "cpu", torch.float32, 64, native=False).kind != "native"
+
+
+def test_cuda_candidates_in_order_and_the_auto_layout_without_a_masked_kernel(fresh, monkeypatch):
+    """On CUDA keys (validation replaced: no GPU here): bf16 ``rows_own`` and
+    ``prompt_gathered`` take the flash kernel, float32 the memory-efficient one, every masked or
+    ragged layout the memory-efficient kernel with the padded bias — never the reference while a
+    fused kernel validates; where none does, ``fused_masked_kernel`` is false (the engine's auto
+    layout then gathers) and only then the reference runs."""
+    monkeypatch.setattr(registry, "agrees", lambda *args: True)
+    want = {
+        ("rows_own", torch.bfloat16): "library-flash-cuda",
+        ("prompt_gathered", torch.bfloat16): "library-flash-cuda",
+        ("rows_own", torch.float32): "library-efficient-cuda",
+        ("prompt_gathered", torch.float32): "library-efficient-cuda",
+    }
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for layout in registry.LAYOUTS:
+            name = want.get((layout, dtype), "library-efficient-cuda")
+            if dtype == torch.float16 and layout in ("rows_own", "prompt_gathered"):
+                name = "library-flash-cuda"
+            assert registry.choose(layout, "cuda", dtype, 128).name == name, (layout, dtype)
+        assert dispatch.fused_masked_kernel("cuda", dtype, 128)
+    registry.reset()
+    monkeypatch.setattr(registry, "agrees", lambda run, layout, *args: layout == "rows_own")
+    assert not dispatch.fused_masked_kernel("cuda", torch.bfloat16, 128)
+    assert registry.choose("prompt_masked", "cuda", torch.bfloat16, 128).oracle
+
+
+def test_auto_layout_gathers_where_the_masked_layout_has_no_fused_kernel(monkeypatch):
+    """The engine's auto layout: masked for a half cache where a fused masked kernel validates
+    (the CPU), gathered when none does."""
+    from kvdiverge.engine import document
+
+    seen = []
+    real = document.fused_masked_kernel
+    for available in (True, False):
+        monkeypatch.setattr(
+            document, "fused_masked_kernel", lambda *a, ok=available: seen.append(a) or ok
+        )
+        doc, kept = _half_document()
+        assert [act.masked for act in doc.interventions] == [available]
+    assert seen[0][0].type == "cpu" and seen[0][1] == torch.float32
+    monkeypatch.setattr(document, "fused_masked_kernel", real)
+
+
+def _half_document():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvdiverge.engine import RolloutSettings
+    from kvdiverge.engine.document import _Document
+    from kvdiverge.eviction import parse_action
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    model = LlamaForCausalLM(config).eval()
+    action = parse_action({"selector": "recent", "budget": 0.5}, "recent-half")
+    doc = _Document.plan("d", list(range(1, 41)), [action], 2, "shared-reference")
+    doc.prepare(model, RolloutSettings(3, 1))
+    return doc, doc.kept
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 37, 130])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_bias_has_the_reference_values_and_an_aligned_row_stride(n, dtype):
+    gen = torch.Generator().manual_seed(n)
+    table = torch.randn((3, 2, n), generator=gen)
+    table.masked_fill_(torch.rand((3, 2, n), generator=gen) < 0.3, float("-inf"))
+    rows = torch.tensor([-1, 0, 2, 2, 1, -1, 0], dtype=torch.int32)
+    bias = library.padded_bias(table, rows, dtype)
+    assert bias.shape == (1, 2, 7, n) and bias.dtype == dtype
+    assert bias.stride(-1) == 1 and bias.stride(-2) % library.BIAS_ALIGN == 0
+    assert bias.stride(-2) >= n and bias.stride(-2) - n < library.BIAS_ALIGN
+    assert torch.equal(bias[0].float(), full_bias(table, rows).to(dtype).float())
+    empty = library.empty_rows(table, rows)
+    assert torch.equal(empty, torch.isneginf(full_bias(table, rows)).all(-1))
+
+
+def test_the_padded_bias_through_fused_kernels_equals_the_reference():
+    """The prompt convention on the CPU flash kernel (the library wrapper the CUDA efficient
+    kernel shares: padded bias, empty rows set to 0 and −inf) and the padded bias through SDPA's
+    math kernel give the reference's output and log-sum-exp, rows keeping nothing included."""
+    gen = torch.Generator().manual_seed(3)
+    h, m, n, d = 2, 11, 37, 32
+    q, k, v = (torch.randn((h, s, d), generator=gen) for s in (m, n, n))
+    table = torch.zeros((2, h, n)).masked_fill_(
+        torch.rand((2, h, n), generator=gen) < 0.5, float("-inf")
+    )
+    table[1, 0] = float("-inf")  # the second mask keeps nothing in KV head 0
+    rows = torch.arange(m, dtype=torch.int32) % 3 - 1
+    want = prompt_reference(q, k, v, d**-0.5, table, rows)
+    got = library.prompt_call(library.cpu_flash)(q, k, v, d**-0.5, table, rows)
+    assert bool(torch.isneginf(want[1]).any())
+    assert torch.equal(torch.isneginf(got[1]), torch.isneginf(want[1]))
+    assert bool((got[0][torch.isneginf(want[1])] == 0).all())
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    finite = torch.isfinite(want[1])
+    torch.testing.assert_close(got[1][finite], want[1][finite], atol=1e-5, rtol=1e-5)
+    bias = library.padded_bias(table, rows, torch.float32)
+    keep = ~library.empty_rows(table, rows)  # SDPA gives NaN on rows keeping nothing
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q[None], k[None], v[None], attn_mask=bias, scale=d**-0.5
+    )[0]
+    torch.testing.assert_close(sdpa[keep], want[0][keep], atol=1e-5, rtol=1e-5)
