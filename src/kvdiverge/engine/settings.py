@@ -48,7 +48,7 @@ class RolloutSettings:
     stream has ended leave the batch; ``fused_attention``: use a validated fused attention
     kernel where one exists; ``native_attention`` (with ``fused_attention``): the rows attend
     to the prompt through the native prompt kernel where it is built and validated
-    (:mod:`kvdiverge.engine.native`), else through the library kernels; ``temperature``: the
+    (:mod:`kvdiverge.engine.kernels.native`), else through the library kernels; ``temperature``: the
     kernels are softmax(logits / T), T = 0 the point mass on the argmax (greedy; ties to the
     smallest id), T = 1 (default) the model's own;
     ``prompt_attention``: how the rows attend to the prompt — ``gathered`` (each action's rows
@@ -74,6 +74,10 @@ class RolloutSettings:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < float("inf"):
             raise ValueError(f"temperature: expected a finite number >= 0 (0: greedy), got {t!r}")
+        from kvdiverge.pipeline.extremes import temperature_problem
+
+        if problem := temperature_problem(t, "temperature"):  # NaN kernels near 0
+            raise ValueError(problem)
         if self.prompt_attention not in PROMPT_LAYOUTS:
             raise ValueError(
                 f"prompt_attention: expected one of {', '.join(PROMPT_LAYOUTS)}, "
