@@ -42,9 +42,11 @@ plus ``n_paths`` (replicates of the document) and ``cohort_paths`` (paths in the
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -154,6 +156,24 @@ class Clock:
             agreement_run=steps(agreement_run),
             saturation=saturation,
         )
+
+
+def clock_terms(
+    key: str, H: int, settings: Mapping[str, Any], limit: int = 4096
+) -> tuple[Any, int | None]:
+    """What a refusal of the clock at horizon ``H`` tells the user: the fraction of H that
+    ``key`` of :meth:`Clock.for_horizon` has (``settings``' value, else its default; None for
+    no such key), and the smallest horizon above H (at most ``limit``) whose clock the same
+    ``settings`` make (None when none does)."""
+    parameter = inspect.signature(Clock.for_horizon).parameters.get(key)
+    fraction = settings.get(key, None if parameter is None else parameter.default)
+    for h in range(max(H, 1) + 1, limit + 1):
+        try:
+            Clock.for_horizon(h, **settings)
+        except AnalysisInputError:
+            continue
+        return fraction, h
+    return fraction, None
 
 
 def stat_columns(clock: Clock) -> list[str]:

@@ -52,6 +52,10 @@ def check_numbers(K: int, H: int, draws: int, level: float, temperature: float) 
         raise CompareError(
             f"--temperature: expected a finite number >= 0 (0: greedy), got {temperature!r}"
         )
+    from kvdiverge.pipeline.extremes import temperature_problem
+
+    if problem := temperature_problem(temperature, "--temperature"):  # NaN kernels near 0
+        raise CompareError(problem)
 
 
 def prompt_documents(
