@@ -119,13 +119,18 @@ def test_slurm_profile_dry_run_resolves_gpu_resources(tmp_path):
     expected = _expected_jobs()
     assert len(rollouts) == sum(v for k, v in expected.items() if "rollout_" in k)
     wanted = PAPER["rollout"]["resources"]
+    assert "gpu_model" not in wanted and "partition" not in wanted  # site settings
+    (entry,) = profile["config"]
+    site = yaml.safe_load(entry.split("=", 1)[1])["resources"]
     for block in rollouts:
         resources = re.search(r"resources: (.*)", block).group(1)
         assert f"runtime={wanted['runtime']}" in resources, resources
         assert f"mem_mb={wanted['mem_mb']}" in resources, resources
-        assert f"slurm_partition={wanted['partition']}" in resources, resources
+        # the partition is the site's, from the profile's `config:` entry; no GPU model is
+        # asked for (a site setting: profile or command line, not the shared config)
+        assert f"slurm_partition={site['partition']}" in resources, resources
         assert f"gpu={wanted['gpus']}" in resources, resources
-        assert f"gpu_model={wanted['gpu_model']}" in resources, resources
+        assert "gpu_model" not in resources, resources
         assert f"cpus_per_gpu={wanted['cpus_per_gpu']}" in resources, resources
     assert wanted["gpus"] >= 1
     defaults = profile["default-resources"]

@@ -69,6 +69,9 @@ def _trajectories() -> list[str]:
 
 def _cluster_snakemake(work: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    # the node's GPU is a stand-in (/dev/null): its rollout jobs run on the CPU on purpose
+    # (without this, device: auto on a job given a GPU refuses the CPU: docs/running.md)
+    env["KVDIVERGE_CPU_FALLBACK"] = "1"
     return subprocess.run(
         [SNAKEMAKE, *args], cwd=work, capture_output=True, text=True, env=env, timeout=timeout
     )

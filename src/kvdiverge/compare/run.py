@@ -122,6 +122,7 @@ def planned_files(
     files += ["fig5_divergence_cdf.png", "fig5_divergence_cdf.pdf", "accuracy.csv"]
     files += [f"table_accuracy.{e}" for e in _TABLE_FORMATS]
     files += ["accuracy.png", "accuracy.pdf", "generations.parquet", "generations.html"]
+    files += ["metrics.json"]
     if baseline is not None:
         files += ["contrasts.csv", "contrasts.md", "summary.md"]
         files += ["contrasts.png", "contrasts.pdf", "decomposition.png", "decomposition.pdf"]
@@ -289,6 +290,56 @@ def compare(
     )  # fmt: skip
 
 
+def documents_digest(documents: pl.DataFrame) -> str:
+    """SHA-256 of the prompts and answers in document order (canonical JSON): two runs on the
+    same prompts share it, wherever their files lie."""
+    import hashlib
+    import json
+
+    rows = documents.select("doc_id", "prompt", "answers").to_dicts()
+    text = json.dumps(rows, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _metrics(
+    name: str,
+    model: str,
+    labelled: Sequence[LabelledAction],
+    pairs: dict[str, str],
+    estimands: pl.DataFrame,
+    contrasts: pl.DataFrame | None,
+    accuracy: pl.DataFrame,
+    documents: pl.DataFrame,
+    *,
+    metadata: dict[str, Any],
+    **settings: Any,
+) -> dict[str, Any]:
+    """The folder's ``metrics.json`` record (:mod:`kvdiverge.tables.metrics`)."""
+    from kvdiverge import __version__
+    from kvdiverge.tables.metrics import metrics_record
+
+    own = settings | {
+        "coupling": metadata["coupling"],
+        "documents": documents_digest(documents),
+        "n_documents": documents.height,
+        "dtype": metadata["dtype"],
+        "device": metadata["device"],
+        "model_path": metadata["model"]["path"],
+    }
+    return metrics_record(
+        kind="compare",
+        name=name,
+        models=[model],
+        actions={a.label: a.action.as_dict() | {"spec": a.spec} for a in labelled},
+        baseline=pairs or None,
+        settings=own,
+        estimands=estimands,
+        contrasts=contrasts,
+        accuracy=accuracy,
+        package_version=__version__,
+    )
+
+
 def _run(
     model: str | os.PathLike,
     prompts: Path | str,
@@ -334,10 +385,11 @@ def _run(
         write_sweep,
     )
     from kvdiverge.datasets import write_documents
+    from kvdiverge.engine.families import UnsupportedAttentionError
     from kvdiverge.engine.rollout_job import rollout_documents_actions
     from kvdiverge.engine.settings import RolloutSettings
     from kvdiverge.eviction import ActionError
-    from kvdiverge.models import eos_token_ids, load_model
+    from kvdiverge.models import DeviceError, eos_token_ids, load_model
     from kvdiverge.plots.accuracy import write_accuracy_figure
     from kvdiverge.plots.base import save_figure
     from kvdiverge.plots.study import action_styles, plot_divergence_cdf
@@ -348,12 +400,17 @@ def _run(
         write_table,
     )
     from kvdiverge.tables.generations import generations_table, write_generations
+    from kvdiverge.tables.metrics import write_metrics
 
     names = [a.label for a in labelled]
     specs = [a.action for a in labelled]
     start = time.perf_counter()
     with quiet_library_bars():  # no "Loading weights" bar written into a file
-        lm = load_model(str(model), device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        try:
+            lm = load_model(str(model), device=device, dtype=dtype,
+                            trust_remote_code=trust_remote_code)  # fmt: skip
+        except DeviceError as exc:  # no GPU where one was asked for or promised
+            raise CompareError(str(exc)) from None
     say(f"model loaded: {time.perf_counter() - start:.1f} s")
     eos = eos_token_ids(lm, tokenizer)
     settings = RolloutSettings(
@@ -365,6 +422,8 @@ def _run(
         frames = rollout_documents_actions(
             lm, tokenizer, jobs, specs, eos, settings, progress, on_step=progress.on_step
         )
+    except UnsupportedAttentionError as exc:  # docs/models.md, "Model families"
+        raise CompareError(str(exc)) from None
     except ActionError as exc:  # a selector broke its contract (kvdiverge.eviction.contract)
         raise CompareError(str(exc)) from exc
     finally:
@@ -470,6 +529,12 @@ def _run(
             write_sweep(swept, estimands, base, root, baseline_method=base_method)
         if by_budget is not None:
             write_budget_contrasts(by_budget, root)
+        record = _metrics(
+            root.name, model_name, labelled, pairs, estimands, table, accuracy, documents,
+            K=K, H=H, temperature=temperature, seed=seed, draws=draws, level=level,
+            metric=metric, metadata=metadata, max_batch_rows=max_batch_rows,
+        )  # fmt: skip
+        write_metrics(record, root / "metrics.json")
         finish_out(root, planned)
         files |= {p: root / p for p in planned if not p.startswith("trajectories/")}
         say(f"wrote {root}")

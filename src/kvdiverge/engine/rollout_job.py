@@ -21,29 +21,130 @@ import polars as pl
 import torch
 
 from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.engine.kernels import kernel_choices
 from kvdiverge.engine.settings import DocumentRollout, RolloutSettings
 from kvdiverge.eviction import ActionSpec, parse_action
 from kvdiverge.io import JobScratch, sha256_file
 from kvdiverge.io.documents import read_documents, read_documents_table
+from kvdiverge.io.locks import ROLLOUT_SETTINGS, PrespecificationError
+from kvdiverge.io.model_digest import model_digests
 from kvdiverge.io.trajectories import METADATA_KEYS, TRAJECTORY_SCHEMA
+from kvdiverge.models.checks import model_vocab_size
 
 __all__ = [
+    "LIBRARIES",
+    "PROVENANCE_KEYS",
     "TIMING_KEYS",
     "CheckedJob",
     "add_timing",
+    "check_registered_numerics",
     "document_rollouts",
     "job_actions",
+    "job_code",
+    "library_versions",
     "load_checked_job",
     "rollout_documents_actions",
     "run_stratum_rollout_job",
     "select_documents",
     "select_job_documents",
     "trajectory_frame",
+    "would_run",
 ]
 
 log = logging.getLogger(__name__)
 
 TIMING_KEYS = ("documents", "paths", "prefill_seconds", "selection_seconds", "decode_seconds")
+
+PROVENANCE_KEYS = ("model_digest", "kernel", "libraries", "max_batch_rows")
+"""Metadata keys of a trajectory file that say what computed it, besides ``dtype``, ``device``
+and ``code`` (:func:`run_stratum_rollout_job`)."""
+
+LIBRARIES = ("torch", "transformers", "kvpress")
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed versions of :data:`LIBRARIES` (``None`` for one not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def job_code(script: str | os.PathLike, actions: Mapping[str, Mapping[str, Any]]) -> str:
+    """The fingerprint of the code a rollout job of ``actions`` runs from ``script``: the
+    package modules it reaches and their native sources, with only its actions' selectors
+    (:func:`kvdiverge.pipeline.provenance.script_fingerprint`; the same as the rollout rule's
+    ``code`` param, found again in the job)."""
+    from kvdiverge.pipeline.provenance import script_fingerprint
+
+    selectors = set()
+    for name, spec in actions.items():
+        method = parse_action(spec, name=name).method
+        selectors.add(f"{type(method).__module__}:{type(method).__qualname__}")
+    return script_fingerprint(script, selectors=sorted(selectors))
+
+
+def would_run(
+    code: str,
+    model: Mapping[str, Any],
+    actions: Mapping[str, Mapping[str, Any]],
+    settings: Mapping[str, Any],
+    device: str = "auto",
+) -> dict[str, Any]:
+    """What an evaluation rollout job would run, found before loading the model, as fields of
+    :func:`kvdiverge.io.locks.rollout_view`: the ``settings`` (H, seed — the config's, before
+    the lock's evaluation seed replaces it —, coupling, temperature, max_batch_rows), ``code``,
+    each action's spec, and
+    the model's digests, libraries, device type and dtype (as :func:`kvdiverge.models.load_model`
+    will resolve them)."""
+    from kvdiverge.models.loading import resolve_device, resolve_dtype
+
+    name = model.get("name") or str(model["path"])
+    digest = model_digests(model["path"]) or {}
+    resolved = resolve_device(device)
+    fields: dict[str, Any] = {
+        **{f"rollout.settings.{k}": settings[k] for k in ROLLOUT_SETTINGS},
+        "rollout.code": code,
+        f"rollout.models.{name}.weights": digest.get("weights"),
+        f"rollout.models.{name}.tokenizer": digest.get("tokenizer"),
+        f"rollout.models.{name}.libraries": library_versions(),
+        f"rollout.models.{name}.device": resolved.type,
+        f"rollout.models.{name}.dtype": str(
+            resolve_dtype(model.get("dtype", "auto"), resolved)
+        ).removeprefix("torch."),
+    }
+    for action, spec in actions.items():
+        fields[f"design.actions.{action}"] = parse_action(spec, name=action).as_dict()
+    return fields
+
+
+def check_registered_numerics(
+    registered: Mapping[str, Any], model: Mapping[str, Any], found: Mapping[str, Any]
+) -> None:
+    """Refuse, in one line naming the field, a job whose ``found`` ``dtype``, ``device`` (its
+    type) or ``kernel`` (on the layouts both name) are not those its lock ``registered``
+    (``rollout.models.<name>``)."""
+    name = model.get("name") or model["path"]
+    for field, now in found.items():
+        locked = registered.get(field)
+        if field == "device":
+            same = str(now).split(":")[0] == str(locked).split(":")[0]
+        elif field == "kernel":
+            same = all(locked[k] == now[k] for k in set(locked or {}) & set(now))
+        else:
+            same = now == locked
+        if not same:
+            raise PrespecificationError(
+                f"rollout.models.{name}.{field}: this evaluation rollout runs {now!r}, but the "
+                f"lock registered {locked!r} (from the development rollouts); run it where the "
+                f"development ran, or register anew: delete the study's lock.json and rerun the "
+                f"workflow"
+            )
 
 
 def trajectory_frame(rollouts: Iterable[DocumentRollout]) -> pl.DataFrame:
@@ -306,8 +407,15 @@ def load_checked_job(
     ``trust_remote_code``; ``specs`` by action name; ``cohorts``: action → cohort → K.
     """
     from kvdiverge.engine.preflight import check_documents, check_loaded_model, check_model_source
-    from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
+    from kvdiverge.models import (
+        chat_prompt_ids,
+        eos_token_ids,
+        load_model,
+        load_tokenizer,
+        resolve_device,
+    )
 
+    resolve_device(device)  # first: a job promised a GPU that has none stops here, in one line
     where = f"config.models.{model.get('name') or model['path']}.path"
     info = check_model_source(model, where)
     trust = bool(model.get("trust_remote_code", False))
@@ -375,6 +483,7 @@ def run_stratum_rollout_job(
     log_file: Any = None,
     resume_key: Any = None,
     metadata: Mapping[str, Any] | None = None,
+    registered: Mapping[str, Any] | None = None,
 ) -> dict[str, pl.DataFrame]:
     """One rollout job of the pipeline: a stratum's documents under every action of a study →
     one trajectory file per action.
@@ -403,7 +512,17 @@ def run_stratum_rollout_job(
     documents file and its SHA-256 (:attr:`CheckedJob.documents_record`). ``metadata``: further
     keys written into every file's metadata (besides the job's own, among them the settings'
     ``temperature``; e.g. ``lock``, the hash of the evaluation's
-    prespecification lock); it may not replace a key the job writes itself.
+    prespecification lock, and ``code``, the fingerprint of the code the job runs); it may not
+    replace a key the job writes itself.
+
+    Provenance (:data:`PROVENANCE_KEYS`): every file records ``model_digest`` (the model
+    folder's weights and tokenizer digests, :func:`kvdiverge.io.model_digest.model_digests`),
+    ``kernel`` (:func:`kvdiverge.engine.kernels.kernel_choices`: the kernel each attention
+    layout ran in this job), ``libraries`` (the versions of torch, transformers and kvpress),
+    ``max_batch_rows``, and the ``dtype`` and ``device`` the model ran in. ``registered``: the
+    lock's ``rollout.models`` entry of an evaluation job's model; the job refuses, in one line
+    naming the field, a loaded model of another dtype or device (before any rollout), and
+    kernels other than those registered (before writing any file, its scratch cleared).
     """
     from kvdiverge.io.trajectories import write_trajectories
     from kvdiverge.pipeline.progress import RolloutProgress
@@ -411,11 +530,15 @@ def run_stratum_rollout_job(
     specs = job_actions(actions, out_paths, cohorts)
     extra = dict(metadata or {})
     written = {*METADATA_KEYS, "temperature", "eos_ids", "n_documents", "timing", "documents"}
-    reserved = sorted(set(extra) & written)
+    reserved = sorted(set(extra) & (written | set(PROVENANCE_KEYS)))
     if reserved:
         raise ValueError(f"metadata: key(s) {', '.join(reserved)} are written by the job itself")
+    digest = model_digests(model["path"])
     job = load_checked_job(documents_path, model, specs, cohorts, settings.H, device)
     lm, eos, documents = job.model, job.eos_ids, job.documents
+    dtype = str(lm.dtype).removeprefix("torch.")
+    if registered is not None:  # an evaluation job: the lock's numerics, before any rollout
+        check_registered_numerics(registered, model, {"dtype": dtype, "device": str(lm.device)})
     scratch = job.open_scratch(out_paths, asdict(settings), resume_key)
     resumed = [doc_id for doc_id, _, _ in documents if scratch.done(doc_id)]
     bar = RolloutProgress(len(documents), stream=log_file, done=len(resumed))
@@ -452,6 +575,13 @@ def run_stratum_rollout_job(
                 paths,
             )
             bar.document(doc_id)
+    kernels = kernel_choices()
+    if registered is not None:
+        try:
+            check_registered_numerics(registered, model, {"kernel": kernels})
+        except ValueError:
+            scratch.clear()  # its documents ran on other kernels: none may be resumed
+            raise
     saved = scratch.load_all()
     order = [doc_id for doc_id, _, _ in documents]
     timing = _sum_timing(saved[doc_id][1] for doc_id in order)
@@ -468,9 +598,14 @@ def run_stratum_rollout_job(
             "seed": settings.seed,
             "coupling": settings.coupling,
             "temperature": settings.temperature,
-            "dtype": str(lm.dtype).removeprefix("torch."),
+            "dtype": dtype,
             "device": str(lm.device),
+            "model_digest": digest,
+            "kernel": kernels,
+            "libraries": library_versions(),
+            "max_batch_rows": settings.max_batch_rows,
             "eos_ids": list(eos),
+            "vocab_size": model_vocab_size(lm),  # every token id lies below it
             "n_documents": frame["doc_id"].n_unique(),
             "documents": job.documents_record,
             "timing": timing.get(spec.name, dict.fromkeys(TIMING_KEYS, 0)),

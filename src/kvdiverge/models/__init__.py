@@ -6,6 +6,7 @@ sources (:mod:`kvdiverge.models.sources`: GGUF, safetensors, hub folders), detok
 
 from kvdiverge.models.loading import (
     DEMO_KINDS,
+    DeviceError,
     build_demo_model,
     chat_prompt_ids,
     demo_spec_digest,
@@ -20,6 +21,7 @@ from kvdiverge.models.loading import (
 
 __all__ = [
     "DEMO_KINDS",
+    "DeviceError",
     "build_demo_model",
     "chat_prompt_ids",
     "demo_spec_digest",

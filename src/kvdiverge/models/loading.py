@@ -11,7 +11,9 @@ enabled for that model).
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,9 +23,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
+    "CPU_FALLBACK_VARIABLE",
     "DEMO_KINDS",
+    "DeviceError",
     "build_demo_model",
     "chat_prompt_ids",
+    "cuda_unavailable_reason",
     "demo_spec_digest",
     "demo_tokenizer_and_config",
     "eos_token_ids",
@@ -117,14 +122,68 @@ _DEMO_SPECS: dict[str, dict[str, Any]] = {
 DEMO_KINDS: tuple[str, ...] = tuple(_DEMO_SPECS)
 
 
-def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` → CUDA when present, else CPU; ``cpu``/``cuda`` as given."""
+CPU_FALLBACK_VARIABLE = "KVDIVERGE_CPU_FALLBACK"
+"""Set to ``1``, ``device: auto`` runs on the CPU even on a job that was given a GPU."""
+
+
+class DeviceError(ValueError):
+    """The requested device cannot be used here (one line, before any model work)."""
+
+
+def cuda_unavailable_reason(environ: Mapping[str, str] | None = None) -> str:
+    """Why torch finds no CUDA device, in words: a CPU-only build, every GPU hidden by
+    ``CUDA_VISIBLE_DEVICES``, or a CUDA build that sees no device (driver or node)."""
+    from kvdiverge.pipeline.hardware import gpus_hidden
+
+    env = os.environ if environ is None else environ
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    if gpus_hidden(env):
+        return f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} hides every GPU"
+    return (
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable CUDA device; "
+        "check the node's driver with nvidia-smi"
+    )
+
+
+def resolve_device(device: str = "auto", environ: Mapping[str, str] | None = None) -> torch.device:
+    """The torch device of ``device`` (``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``), or one-line
+    :class:`DeviceError` (`docs/running.md`, "The device").
+
+    ``auto`` is CUDA when torch finds it, else the CPU, but only where nothing promised this job
+    a GPU (:func:`kvdiverge.pipeline.hardware.gpu_requested`: SLURM allocated it one, or the
+    machine is a GPU host): there a missing CUDA is an error, not hours on the CPU, unless
+    :data:`CPU_FALLBACK_VARIABLE` is ``1`` (a node whose GPU is a stand-in, as the cluster
+    test's). ``cuda`` without CUDA, or ``cuda:<i>`` beyond the visible devices, is an error
+    naming why."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        from kvdiverge.pipeline.hardware import gpu_requested
+
+        env = os.environ if environ is None else environ
+        promised = gpu_requested(env)
+        if promised is not None and env.get(CPU_FALLBACK_VARIABLE) != "1":
+            raise DeviceError(
+                f"device: auto, but {promised} and CUDA is not available here "
+                f"({cuda_unavailable_reason(environ)}): refusing to run on the CPU; set "
+                "rollout.device: cpu (kvdiverge compare: --device cpu) to run there"
+            )
+        return torch.device("cpu")
+    if device != "cpu" and device != "cuda" and not re.fullmatch(r"cuda:\d+", device):
+        raise DeviceError(f"device: expected auto, cpu, cuda or cuda:<index>, got {device!r}")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"device: {device!r} requested but CUDA is not available here "
+                f"({cuda_unavailable_reason(environ)})"
+            )
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise DeviceError(
+                f"device: {device!r} requested but only {torch.cuda.device_count()} CUDA "
+                "device(s) are visible"
+            )
     return torch.device(device)
 
 
