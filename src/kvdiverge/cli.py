@@ -102,6 +102,29 @@ def _parser() -> argparse.ArgumentParser:
         help="no messages and no progress on stderr (by default: bars by prompt and decode "
         "step on a terminal, plain lines with rate and ETA elsewhere)",
     )
+    merge = commands.add_parser(
+        "merge",
+        help="merge compare folders or studies (their metrics.json) into one table and figure",
+        description=(
+            "Put several runs side by side: each FOLDER is a kvdiverge compare folder, a "
+            "study's results folder or a metrics.json. Runs whose H, temperature, K, coupling, "
+            "interval level, bootstrap draws, accuracy metric or documents differ are refused "
+            "unless --allow names the field. Writes merged.{csv,md,html,png,pdf} into --out."
+        ),
+    )
+    merge.add_argument("folders", nargs="+", metavar="FOLDER", help="runs to merge (two or more)")
+    merge.add_argument(
+        "--allow",
+        default="",
+        help="comma-separated settings that may differ (e.g. H,temperature); the table gets "
+        "a column for each",
+    )
+    merge.add_argument(
+        "--out", help="output folder (default: a fresh kvdiverge-merge-YYYYMMDD-HHMMSS)"
+    )
+    merge.add_argument(
+        "--force", action="store_true", help="replace the merged.* files of an earlier merge"
+    )
     fetch = commands.add_parser(
         "fetch-model",
         help="materialize a config's model from its `source` into data/models/NAME (no pipeline)",
@@ -206,12 +229,36 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kvdiverge.compare.folder import default_out
+    from kvdiverge.compare.merge import MergeError, merge_runs, write_merge
+
+    allow = [f.strip() for f in args.allow.split(",") if f.strip()]
+    out = Path(args.out) if args.out else default_out(prefix="kvdiverge-merge")
+    if out.exists() and not out.is_dir():
+        raise MergeError(f"--out: {out} is a file; expected a folder")
+    taken = sorted(p.name for p in out.glob("merged.*")) if out.is_dir() else []
+    if taken and not args.force:
+        raise MergeError(
+            f"--out: {out} holds {taken[0]} of an earlier merge; pass --force to replace it, "
+            "or name another folder"
+        )
+    merged, records = merge_runs(args.folders, allow)
+    for path in write_merge(merged, records, out):
+        print(path)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the console script; returns the exit status (2 for a bad input, one line)."""
     args = _parser().parse_args(argv)
     from kvdiverge.compare import CompareError
 
     try:
+        if args.command == "merge":
+            return _merge(args)
         return _fetch_model(args) if args.command == "fetch-model" else _compare(args)
     except (CompareError, _FetchError, FileNotFoundError) as exc:
         print(f"kvdiverge {args.command}: {exc}", file=sys.stderr)

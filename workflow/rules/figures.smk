@@ -257,3 +257,27 @@ rule study_contrasts:  # a study with a baseline (studies.<study>.baseline)
         code=script_code("study_contrasts.py"),
     script:
         "../scripts/study_contrasts.py"
+
+
+rule study_metrics:  # metrics.json: what `kvdiverge merge` reads (kvdiverge.tables.metrics)
+    input:
+        unpack(study_metrics_inputs),
+    output:
+        metrics=results("{study}/metrics.json"),
+    log:
+        logs("figures/study_metrics/{study}.log"),
+    benchmark:
+        results("benchmarks/study_metrics/{study}.tsv")
+    wildcard_constraints:
+        study=wildcard_alternation(config["studies"], "no-study"),
+    localrule: True
+    conda:
+        "../../envs/kvdiverge.yaml"
+    params:
+        baseline=lambda w: config["studies"][w.study].get("baseline"),
+        draws=lambda w: config["studies"][w.study]["bootstrap_draws"],
+        level=config["analysis"]["level"],
+        config_sha256=CONFIG_SHA256,
+        code=script_code("study_metrics.py"),
+    script:
+        "../scripts/study_metrics.py"

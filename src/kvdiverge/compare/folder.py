@@ -30,11 +30,14 @@ MANIFEST = ".kvdiverge-compare.json"
 """The manifest of the files an earlier ``kvdiverge compare`` wrote into its folder."""
 
 
-def default_out(parent: str | os.PathLike = ".", now: float | None = None) -> Path:
-    """A fresh folder name for one run: ``kvdiverge-compare-YYYYMMDD-HHMMSS`` (UTC) under
-    ``parent``, with ``-2``, ``-3``, … when that name is taken."""
+def default_out(
+    parent: str | os.PathLike = ".", now: float | None = None, prefix: str = DEFAULT_OUT
+) -> Path:
+    """A fresh folder name for one run: ``kvdiverge-compare-YYYYMMDD-HHMMSS`` (UTC; ``prefix``
+    instead of ``kvdiverge-compare``) under ``parent``, with ``-2``, ``-3``, … when that name
+    is taken."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
-    base = Path(parent) / f"{DEFAULT_OUT}-{stamp}"
+    base = Path(parent) / f"{prefix}-{stamp}"
     path, k = base, 1
     while path.exists() or path.is_symlink():
         k += 1

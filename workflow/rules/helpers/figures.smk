@@ -1,6 +1,26 @@
 # Helpers of the figures and tables (workflow/rules/figures.smk; docs/analysis.md, "Figures and
 # tables"): per-study settings and the files of the default target.
+import hashlib
+import json
+
 from kvdiverge.pipeline.actions import action_labels, budget_sweeps
+
+_CONFIG_JSON = json.dumps(config, sort_keys=True, default=str)
+CONFIG_SHA256 = hashlib.sha256(_CONFIG_JSON.encode()).hexdigest()
+"""SHA-256 of the effective config (sorted-key JSON): a study's metrics.json records it."""
+
+
+def study_metrics_inputs(wildcards):
+    """A study's estimands, accuracy and lock, and its contrasts when it has a baseline."""
+    study = wildcards.study
+    inputs = {
+        "estimands": results(f"{study}/tables/estimands.csv"),
+        "accuracy": results(f"{study}/tables/accuracy.csv"),
+        "lock": results(f"{study}/lock.json"),
+    }
+    if study in baseline_studies():
+        inputs["contrasts"] = results(f"{study}/tables/contrasts.csv")
+    return inputs
 
 
 def study_labels(wildcards):
@@ -76,6 +96,7 @@ def figures_and_tables_outputs():
         ]
         if study in baseline_studies():  # rule study_contrasts
             out += [results(f"{study}/tables/{n}") for n in STUDY_CONTRAST_FILES]
+        out.append(results(f"{study}/metrics.json"))  # rule study_metrics
     return out
 
 
