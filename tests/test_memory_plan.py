@@ -1,0 +1,214 @@
+"""The memory plan (kvdiverge.engine.memory_plan): exact parameter counts, the batches it
+plans, sizing ``max_batch_rows: auto``, the refusal line, the paper config on an 80 GB card,
+and the estimate against a real rollout's measured peak memory on CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from kvdiverge.engine.memory_plan import (
+    GB,
+    KNOWN_CONFIGS,
+    ModelShape,
+    auto_batch_rows,
+    check_fits,
+    format_plan,
+    job_kept,
+    plan_config,
+    plan_job,
+    usable_bytes,
+)
+from kvdiverge.engine.preflight import PreflightError
+from kvdiverge.eviction import parse_action
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY1 = {
+    "snapkv-512": {"selector": "snapkv", "budget": 512},
+    "snapkv-half": {"selector": "snapkv", "budget": 0.5},
+    "recent-half": {"selector": "recent", "budget": 0.5},
+    "full": {"selector": "full"},
+}
+STUDY2 = {
+    "snapkv-90": {"selector": "snapkv", "budget": 0.9},
+    "recent-90": {"selector": "recent", "budget": 0.9},
+    "full": {"selector": "full"},
+}
+
+
+def _small(config: dict) -> dict:
+    """A known config cut to 2 layers and a small vocabulary (the count's formula is per layer)."""
+    return {**config, "num_hidden_layers": 2, "vocab_size": 1000}
+
+
+@pytest.mark.parametrize("hub_id", sorted(KNOWN_CONFIGS))
+@pytest.mark.parametrize("tied", [False, True])
+def test_parameter_count_equals_the_transformers_model(hub_id, tied):
+    """Every parameter of the real architecture (Llama: no biases; Qwen2: q/k/v biases),
+    counted from the shapes, equals the built model's own count, tied head or not."""
+    config = {**_small(KNOWN_CONFIGS[hub_id]), "tie_word_embeddings": tied}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    assert ModelShape.from_config(config).parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_known_models_weigh_what_their_names_say():
+    llama = ModelShape.from_config(KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"])
+    qwen = ModelShape.from_config(KNOWN_CONFIGS["Qwen/Qwen2.5-7B-Instruct"])
+    assert llama.parameters() == 8_030_261_248  # Llama-3.1-8B's published count
+    assert qwen.parameters() == 7_615_616_512  # Qwen2.5-7B's published count
+    assert llama.dtype_bytes == qwen.dtype_bytes == 2
+    assert (
+        ModelShape.from_config(KNOWN_CONFIGS["Qwen/Qwen2.5-7B-Instruct"], "float32").dtype_bytes
+        == 4
+    )
+
+
+def _job(shape, n_docs=48, n=4096, K=64, K_control=2, budget=448):
+    actions = [parse_action(a, name=name) for name, a in STUDY1.items()]
+    lengths = [n] * n_docs
+    kept = [job_kept(actions, n)] * n_docs
+    return shape, lengths, kept, list(STUDY1), K, K_control, "full", 128, budget
+
+
+def test_448_rows_run_the_control_apart_and_auto_packs_it():
+    """At 448 = 7 × 64 rows study 1's control (2 × 3 rows) gets a batch of its own per
+    document (96 batches for 48); ``auto`` budgets whole documents' rows, control included."""
+    shape = ModelShape.from_config(KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"])
+    fixed = plan_job(*_job(shape))
+    assert fixed.batches == 96 and sorted(set(fixed.rows)) == [6, 448]
+    auto = auto_batch_rows(*_job(shape)[:-1], 80 * GB)
+    assert auto.max_batch_rows % 454 == 0 and set(auto.rows) <= {
+        auto.max_batch_rows,
+        454 * (48 % (auto.max_batch_rows // 454)),
+    }
+    assert auto.batches == -(-48 // (auto.max_batch_rows // 454))
+    assert (
+        auto.peak
+        <= usable_bytes(80 * GB)
+        < plan_job(*_job(shape)[:-1], auto.max_batch_rows + 454).peak
+    )
+
+
+def test_auto_below_one_document_and_the_refusal_line():
+    """A device too small for a whole document gets whole replicates; one that cannot hold
+    even one replicate per call is refused in one line with the numbers."""
+    shape = ModelShape.from_config(KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"])
+    small = auto_batch_rows(*_job(shape, n=32640)[:-1], 32 * GB)
+    assert 7 <= small.max_batch_rows < 454 and small.peak <= usable_bytes(32 * GB)
+    with pytest.raises(PreflightError) as info:
+        auto_batch_rows(*_job(shape, n=32640)[:-1], 16 * GB)
+    line = str(info.value)
+    assert "\n" not in line
+    assert line.startswith("rollout.max_batch_rows: auto: job the job needs ")
+    assert "weights 16.1" in line and "but the device holds 16.0 GB" in line
+    with pytest.raises(PreflightError, match="max_batch_rows: 4096: job study1/x needs"):
+        check_fits(plan_job(*_job(shape, budget=4096)), 80 * GB, 4096, "study1/x")
+
+
+@pytest.mark.parametrize("budget", [448, "auto"])
+def test_paper_config_fits_an_80_gb_card(budget):
+    """Every rollout job of configs/paper.yaml (both models' published shapes, every stratum at
+    its length bound, both stages) fits 80 GB, as configured and with ``auto``."""
+    config = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
+    config["rollout"]["max_batch_rows"] = budget
+    rows = plan_config(config, 80)
+    assert len(rows) == 2 * 2 * 2 * 6  # models × studies × stages × strata
+    assert all(r["plan"].peak <= usable_bytes(80 * GB) for r in rows)
+    table = format_plan(rows, 80)
+    assert table.count("| yes |") == len(rows) and "| NO |" not in table
+
+
+MEASURE = r"""
+import json, resource, sys
+import torch, transformers
+transformers.utils.logging.disable_progress_bar()
+torch.set_num_threads(1)
+from transformers import AutoConfig, AutoModelForCausalLM
+from kvdiverge.engine import RolloutSettings
+from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.engine.memory import keep_freed_memory
+from kvdiverge.eviction import parse_action
+
+args = json.loads(sys.argv[1])
+keep_freed_memory()
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**args["config"])).eval()
+actions = [parse_action(a, name=n) for n, a in args["actions"].items()]
+gen = torch.Generator().manual_seed(1)
+V = args["config"]["vocab_size"]
+def docs(lengths):
+    return [(f"d{i}", torch.randint(5, V, (n,), generator=gen).tolist(), args["K"])
+            for i, n in enumerate(lengths)]
+warm = RolloutSettings(4, 1, max_batch_rows=args["rows"])
+for _ in rollout_documents(model, docs([300]), actions, [0], warm):
+    pass  # the kernels built and validated, the lazy state made
+with open("/proc/self/statm") as f:
+    base = int(f.read().split()[1]) * resource.getpagesize()
+settings = RolloutSettings(args["H"], 1, max_batch_rows=args["rows"])
+for _ in rollout_documents(model, docs(args["lengths"]), actions, [0], settings):
+    pass
+print(json.dumps({"job": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base}))
+"""
+
+LLAMA = dict(
+    model_type="llama",
+    hidden_size=256,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=32000,
+    max_position_embeddings=8192,
+)
+QWEN = dict(
+    model_type="qwen2",
+    hidden_size=256,
+    intermediate_size=1536,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=16000,
+    max_position_embeddings=16384,
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/statm")
+@pytest.mark.parametrize(
+    "config, actions, K, H, rows, lengths",
+    [
+        # decoding dominates: 248 rows' logits and float64 laws
+        (LLAMA, STUDY1, 8, 16, 248, [3000, 2800, 2900, 3100]),
+        # the prefill dominates: 6K-token documents, three batches of two
+        (QWEN, STUDY2, 4, 24, 64, [6000, 5500, 6100, 5800]),
+    ],
+)
+def test_estimate_within_15_percent_of_the_measured_peak(config, actions, K, H, rows, lengths):
+    """A real rollout of randomly initialised mid-size models (float32, one thread, the native
+    prompt kernel's packed keys counted) in a fresh process: the growth of its resident memory
+    from before the rollout to its peak (the weights already held) is within 15% of the plan's
+    peak less the weights."""
+    counts = {name: 2 if a["selector"] == "full" else K for name, a in actions.items()}
+    args = {"config": config, "actions": actions, "K": counts, "H": H, "rows": rows}
+    args["lengths"] = lengths
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    measured = json.loads(out.stdout.strip().splitlines()[-1])["job"]
+    shape = ModelShape.from_config({**config, "torch_dtype": "float32"})
+    specs = [parse_action(a, name=name) for name, a in actions.items()]
+    kept = [job_kept(specs, n) for n in lengths]
+    plan = plan_job(shape, lengths, kept, list(actions), K, 2, "full", H, rows, 64, packed=True)
+    estimate = plan.peak - plan.parts["weights"]
+    assert abs(estimate / measured - 1) <= 0.15, (estimate / 1e6, measured / 1e6, plan.parts)
