@@ -29,6 +29,13 @@ for note in check_config(
 ):
     print(note, file=sys.stderr)
 check_configured_models(config)
+# A config whose rollout jobs ask for a GPU prints each job's memory plan on an 80 GB card once
+# per run, dry runs included (kvdiverge.engine.memory_plan; docs/running.md, "Memory and time
+# per job"); not again in each cluster job.
+if not workflow.remote_exec and config.get("rollout", {}).get("resources", {}).get("gpus"):
+    from kvdiverge.engine.memory_plan import format_plan, plan_config
+
+    print(format_plan(plan_config(config, 80), 80), file=sys.stderr)
 
 
 onstart:  # a real run with jobs to do, before the first (a dry run writes nothing)
@@ -205,7 +212,8 @@ def prespecified_study(wildcards):
     """What the config fixes for the study before its evaluation rollouts, plan aside
     (kvdiverge.analysis.prespecification.prespecified): the lock's content."""
     study = wildcards.study
-    return prespecified(config, study, study_strata(), rollout_actions(study))
+    code = rollout_code(study, rollout_script("evaluation"))  # the evaluation jobs' code
+    return prespecified(config, study, study_strata(), rollout_actions(study), code)
 
 
 def study_contrasts(study):
