@@ -127,11 +127,11 @@ def _frame(doc_paths: dict[str, list[dict]], h: int = H) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def _meta(h: int = H) -> dict:
+def _meta(h: int = H, action: str = "x") -> dict:
     return {
         "model": "m",
         "revision": "r",
-        "action": {"name": "x"},
+        "action": {"name": action},
         "H": h,
         "K": 2,
         "seed": 0,
@@ -151,9 +151,10 @@ DOCS = pl.DataFrame(
 SETTINGS = {"branch_depth": 0.5, "window": 0.25, "block_edges": [0.5], "prefix": 0.375}
 
 
-def _write(tmp_path, name, doc_paths, h=H):
+def _write(tmp_path, name, doc_paths, h=H, action=None):
+    """The trajectory file ``name`` of action ``action`` (default: its name)."""
     path = tmp_path / f"{name}.parquet"
-    write_trajectories(_frame(doc_paths, h), path, _meta(h))
+    write_trajectories(_frame(doc_paths, h), path, _meta(h, action or name))
     return path
 
 
@@ -247,7 +248,7 @@ def test_an_action_of_a_later_rollout_group_has_no_development_documents(tmp_pat
 def test_mismatched_horizon_is_an_error(tmp_path):
     short = {k: v[:6] for k, v in PATH_A.items()}
     a = _write(tmp_path, "a", {"s-1/study1/000": [PATH_A]})
-    b = _write(tmp_path, "b6", {"s-1/study1/001": [short]}, h=6)
+    b = _write(tmp_path, "b6", {"s-1/study1/001": [short]}, h=6, action="a")
     with pytest.raises(AnalysisInputError, match=r"b6\.parquet: H = 6 differs from H = 8"):
         document_stats({"a": [a, b]}, DOCS, SETTINGS)
 
@@ -255,10 +256,10 @@ def test_mismatched_horizon_is_an_error(tmp_path):
 def test_incomplete_paths_and_unknown_documents(tmp_path):
     frame = _frame({"s-1/study1/000": [PATH_A]}).filter(pl.col("t") != 4)
     path = tmp_path / "gap.parquet"
-    write_trajectories(frame, path, _meta())
+    write_trajectories(frame, path, _meta(action="a"))
     with pytest.raises(AnalysisInputError, match=r"gap\.parquet: .*exactly one row for each t"):
         document_stats({"a": [path]}, DOCS, SETTINGS)
-    other = _write(tmp_path, "other", {"x-9/study1/000": [PATH_A]})
+    other = _write(tmp_path, "other", {"x-9/study1/000": [PATH_A]}, action="a")
     with pytest.raises(AnalysisInputError, match=r"other\.parquet: doc_id 'x-9/study1/000'"):
         document_stats({"a": [other]}, DOCS, SETTINGS)
 

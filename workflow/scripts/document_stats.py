@@ -10,12 +10,14 @@ from kvdiverge.pipeline.rule_inputs import keyed_inputs  # noqa: E402
 files = {
     action: list(paths) for action, paths in keyed_inputs(snakemake.input, "trajectories").items()
 }
+role = {"study": snakemake.wildcards.study, "model": snakemake.wildcards.model}
 stats, clock = document_stats(
     files,
     list(snakemake.input.documents),
     dict(snakemake.params.clock),
     snakemake.params.control,
     development=list(snakemake.params.development),
+    role={"model": role["model"]},  # each file's metadata names its model and action
 )
-write_document_stats(stats, snakemake.output[0], clock)
+write_document_stats(stats, snakemake.output[0], clock, role)
 log.info("%d (document, action) rows, %s -> %s", stats.height, clock, snakemake.output[0])

@@ -60,6 +60,7 @@ from kvdiverge.io.documents import (
 )
 from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
+    check_trajectory_role,
     read_trajectories,
     read_trajectory_metadata,
 )
@@ -269,6 +270,7 @@ def accuracy_document_stats(
                 if not isinstance(source, pl.DataFrame):
                     meta = read_trajectory_metadata(source)
                     ids = data["doc_id"].unique()
+                    check_trajectory_role(source, meta, {"action": action}, ids)
                     check_rolled_out_from(source, meta, ids, documents, AnalysisInputError)
             except TrajectoryFormatError as exc:
                 raise AnalysisInputError(str(exc)) from exc

@@ -59,8 +59,10 @@ from kvdiverge.io.documents import (
     check_rolled_out_from,
     read_documents_with_source,
 )
+from kvdiverge.io.roles import role_problem
 from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
+    check_trajectory_role,
     read_trajectories,
     read_trajectory_metadata,
 )
@@ -377,6 +379,7 @@ def document_stats(
     clock_settings: Mapping[str, object] | None = None,
     control: str | None = None,
     development: Collection[str] | None = None,
+    role: Mapping[str, str] | None = None,
 ) -> tuple[pl.DataFrame, Clock]:
     """One row per (document, action) of replicate-averaged statistics.
 
@@ -398,8 +401,11 @@ def document_stats(
     :func:`kvdiverge.io.documents.check_rolled_out_from`; ``documents`` given as files). The
     control's files are checked first (`docs/method.md`, "The full-retention control"): δ ≠ 0 or
     X ≠ Y anywhere raises :class:`~kvdiverge.analysis.control.ControlCheckError` naming the
-    document.
+    document. Before all that, each file's metadata must name the action it is read as (and
+    ``role``'s model and study, where given): two actions' files swapped under each other's
+    names stop there in one line (:func:`kvdiverge.io.trajectories.check_trajectory_role`).
     """
+    _check_roles(trajectory_files, role)
     if control is not None and control in trajectory_files:
         try:
             check_full_retention_control(trajectory_files[control])
@@ -470,17 +476,45 @@ def document_stats(
     return frame.sort("action", "stratum", "doc_id"), clock
 
 
-def write_document_stats(frame: pl.DataFrame, path: str | os.PathLike, clock: Clock) -> None:
-    """Write a document-statistics table atomically, with its clock as Parquet metadata, page
-    checksums and digests (:func:`kvdiverge.io.parquet.write_parquet_with_metadata`)."""
-    write_parquet_with_metadata(frame, path, {"clock": asdict(clock)})
+def _check_roles(
+    trajectory_files: Mapping[str, Sequence[str | os.PathLike]], role: Mapping[str, str] | None
+) -> None:
+    """Each file's metadata against the action it is read as, and ``role`` (one line)."""
+    for action, paths in trajectory_files.items():
+        for path in paths:
+            try:
+                meta = read_trajectory_metadata(path)
+            except TrajectoryFormatError:
+                continue  # a file that cannot be read is named when it is read (below)
+            try:
+                check_trajectory_role(path, meta, {**(role or {}), "action": action}, ())
+            except TrajectoryFormatError as exc:
+                raise AnalysisInputError(str(exc)) from exc
 
 
-def read_document_stats(path: str | os.PathLike) -> tuple[pl.DataFrame, Clock]:
+def write_document_stats(
+    frame: pl.DataFrame,
+    path: str | os.PathLike,
+    clock: Clock,
+    role: Mapping[str, str] | None = None,
+) -> None:
+    """Write a document-statistics table atomically, with its clock (and ``role``: the study
+    and model it is of) as Parquet metadata, page checksums and digests
+    (:func:`kvdiverge.io.parquet.write_parquet_with_metadata`)."""
+    write_parquet_with_metadata(frame, path, {"clock": asdict(clock), **dict(role or {})})
+
+
+def read_document_stats(
+    path: str | os.PathLike, role: Mapping[str, str] | None = None
+) -> tuple[pl.DataFrame, Clock]:
     """Read a table written by :func:`write_document_stats`, verified as written
-    (:func:`kvdiverge.io.parquet.read_verified_parquet`); checks its columns. Every failure
-    is one :class:`AnalysisInputError` naming the file."""
+    (:func:`kvdiverge.io.parquet.read_verified_parquet`); checks its columns, and ``role``
+    (study, model) against the one it records (:func:`kvdiverge.io.roles.role_problem`: one
+    model's file read as another's stops). Every failure is one :class:`AnalysisInputError`
+    naming the file."""
     frame, metadata = read_verified_parquet(path, "document-stats file", AnalysisInputError)
+    if role and (problem := role_problem(path, metadata, role, (), "document-stats file")):
+        raise AnalysisInputError(problem)
     spec = metadata.get("clock")
     if not isinstance(spec, dict):
         raise AnalysisInputError(f"{path}: no kvdiverge.clock metadata (not a document-stats file)")

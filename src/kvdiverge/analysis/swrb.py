@@ -170,7 +170,7 @@ def estimates_from_records(
 
     tables = []
     for action, path in paths.items():
-        a = record_arrays(read_swrb_records(path))
+        a = record_arrays(read_swrb_records(path, role={"action": action}))
         mismatch = a["x_token"] != a["y_token"]
         values = swrb_replicate_values(a["e"], a["J"].astype(np.int64), mismatch, windows)
         means = document_means(values, a["doc_id"])

@@ -30,6 +30,7 @@ from kvdiverge.io.parquet import (
     read_verified_parquet,
     write_parquet_with_metadata,
 )
+from kvdiverge.io.roles import role_problem, token_ids_problem
 from kvdiverge.theory.survival import survival_weights
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "SWRB_SCHEMA",
     "SwrbFormatError",
     "check_swrb_records",
+    "check_swrb_role",
     "read_swrb_metadata",
     "read_swrb_records",
     "record_arrays",
@@ -287,12 +289,17 @@ def read_swrb_metadata(path: str | os.PathLike) -> dict[str, Any]:
     return read_parquet_metadata(path, WHAT, SwrbFormatError)
 
 
-def read_swrb_records(path: str | os.PathLike, check: bool = True) -> pl.DataFrame:
+def read_swrb_records(
+    path: str | os.PathLike, check: bool = True, role: Mapping[str, Any] | None = None
+) -> pl.DataFrame:
     """Read an SWRB record file and check it against its contract (module docstring).
 
     The file is verified first (page checksums and the digests it was written with,
     :func:`kvdiverge.io.parquet.read_verified_parquet`); the metadata must say
-    ``coupling: swrb``. ``check=False`` checks columns and types only.
+    ``coupling: swrb``. ``check=False`` checks columns and types only. ``role``: what the
+    reader expects the file to be (model, action, ...; :func:`check_swrb_role`). Token ids
+    (trunk, x_token, y_token) are >= 0, or −1 where the scan did not reach, and below the
+    metadata's ``vocab_size`` where it records one.
     """
     frame, metadata = read_verified_parquet(
         path, WHAT, SwrbFormatError, conform=lambda data: _conform(data, str(path))
@@ -301,6 +308,30 @@ def read_swrb_records(path: str | os.PathLike, check: bool = True) -> pl.DataFra
         raise SwrbFormatError(
             f"{path}: metadata coupling = {metadata.get('coupling')!r}, expected 'swrb'"
         )
+    if role:
+        check_swrb_role(path, metadata, role, frame["doc_id"].unique())
+    _check_swrb_tokens(frame, path, metadata)
     if check:
         check_swrb_records(frame, str(path), metadata)
     return frame
+
+
+def check_swrb_role(
+    path: str | os.PathLike, metadata: Mapping[str, Any], role: Mapping[str, Any], doc_ids: Any
+) -> None:
+    """The file read as ``role`` (study, model, action, stratum, cohort) is that file: one
+    :class:`SwrbFormatError` line otherwise (:func:`kvdiverge.io.roles.role_problem`)."""
+    if problem := role_problem(path, metadata, role, doc_ids, WHAT):
+        raise SwrbFormatError(problem)
+
+
+def _check_swrb_tokens(frame: pl.DataFrame, path: str | os.PathLike, meta: Mapping) -> None:
+    """Token ids in [0, vocab_size), −1 aside (a step the trunk's scan did not reach)."""
+    for column in ("trunk", "x_token", "y_token"):
+        ids = frame[column].explode().drop_nulls()
+        ids = ids.filter(ids != -1)
+        if ids.len() == 0:
+            continue
+        problem = token_ids_problem(path, column, ids.min(), ids.max(), meta.get("vocab_size"))
+        if problem:
+            raise SwrbFormatError(problem)

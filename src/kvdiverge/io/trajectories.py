@@ -2,7 +2,10 @@
 
 One row per (document, replicate, step) with the coupled pair's tokens, I_t, δ_t and f_t, EOS
 flags and cache sizes. File-level metadata (Parquet key-value) records the model, action spec,
-H, K, seed, coupling mode, dtype, device and package version.
+H, K, seed, coupling mode, dtype, device and package version; a rollout job's files also what
+computed them (:data:`PROVENANCE_FIELDS`: the kernel of each attention layout, the device,
+dtype and library versions, with the model folder's digests and the code fingerprint;
+:func:`provenance_mix` says when files of one study differ in them).
 
 :func:`read_trajectories` checks every file against its contract (:func:`check_trajectories`),
 so that no wrong value flows silently into an estimand: columns and types; no nulls; δ_t and
@@ -10,12 +13,16 @@ f_t finite and in [0, 1] (up to float rounding, :data:`TV_TOLERANCE`); ``mismatc
 ``x_token != y_token``; EOS flags that stay true once set; 1 <= n_kept <= n_prompt; every path
 (document, replicate) has each step t = 1..H once; replicates of a document are 0..k-1 with k
 the metadata's ``K`` (of the document's cohort when ``K`` is per cohort, at most ``K`` when it
-is one number); the number of documents equals the metadata's ``n_documents``. An error is one
-line naming the file, document, replicate and step.
+is one number); the number of documents equals the metadata's ``n_documents``; token ids >= 0
+and below the metadata's ``vocab_size`` where it records one. An error is one line naming the
+file, document, replicate and step. A reader that knows which file it expects (its model,
+action, ...) passes ``role``: a file whose metadata or documents say another is refused
+(:mod:`kvdiverge.io.roles`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -27,13 +34,17 @@ from kvdiverge.io.parquet import (
     read_verified_parquet,
     write_parquet_with_metadata,
 )
+from kvdiverge.io.roles import role_problem, token_ids_problem
 
 __all__ = [
     "METADATA_KEYS",
+    "PROVENANCE_FIELDS",
     "TRAJECTORY_SCHEMA",
     "TV_TOLERANCE",
     "TrajectoryFormatError",
     "check_trajectories",
+    "check_trajectory_role",
+    "provenance_mix",
     "read_trajectories",
     "read_trajectory_metadata",
     "write_trajectories",
@@ -106,6 +117,27 @@ def read_trajectory_metadata(path: str | os.PathLike) -> dict[str, Any]:
     return read_parquet_metadata(path, WHAT, TrajectoryFormatError)
 
 
+PROVENANCE_FIELDS = ("kernel", "device", "dtype", "libraries")
+"""What computed a trajectory file, as its metadata records it (the rollout job's)."""
+
+
+def provenance_mix(metadata: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per field of :data:`PROVENANCE_FIELDS` whose value differs between the files
+    of ``metadata`` (by path): a study whose strata or models ran with different kernels,
+    devices, dtypes or library versions, which the estimands step warns of. Each line names
+    the field and every value with its number of files and one of them."""
+    lines = []
+    for field in PROVENANCE_FIELDS:
+        seen: dict[str, list[str]] = {}
+        for path, meta in metadata.items():
+            value = json.dumps(meta.get(field), sort_keys=True)
+            seen.setdefault(value, []).append(str(path))
+        if len(seen) > 1:
+            parts = [f"{v} ({len(files)} file(s), e.g. {files[0]})" for v, files in seen.items()]
+            lines.append(f"the trajectory files mix {field}: {'; '.join(parts)}")
+    return lines
+
+
 def _path_of(row: Mapping[str, Any], step: bool = True) -> str:
     where = f"doc_id {row['doc_id']!r} replicate {row['replicate']}"
     return f"{where} step {row['t']}" if step else where
@@ -138,6 +170,7 @@ def check_trajectories(
     for name, count in nulls.items():
         if count:
             raise TrajectoryFormatError(f"{where}: column {name!r} has {count} null value(s)")
+    _check_token_ids(lf, where, meta)
 
     def out_of_range(name: str) -> pl.Expr:
         col = pl.col(name)
@@ -269,8 +302,37 @@ def check_trajectories(
         )
 
 
+def _check_token_ids(lf: pl.LazyFrame, where: str, meta: Mapping[str, Any]) -> None:
+    """x_token and y_token in [0, vocab_size) (the metadata's, where it records one):
+    :func:`kvdiverge.io.roles.token_ids_problem`."""
+    bounds = lf.select(
+        *(getattr(pl.col(c), f)().alias(f"{c}_{f}") for c in TOKENS for f in ("min", "max"))
+    ).collect()
+    for column in TOKENS:
+        lowest, highest = bounds[f"{column}_min"][0], bounds[f"{column}_max"][0]
+        if lowest is None:
+            continue
+        if problem := token_ids_problem(where, column, lowest, highest, meta.get("vocab_size")):
+            raise TrajectoryFormatError(problem)
+
+
+TOKENS = ("x_token", "y_token")
+
+
+def check_trajectory_role(
+    path: str | os.PathLike, metadata: Mapping[str, Any], role: Mapping[str, Any], doc_ids: Any
+) -> None:
+    """The file read as ``role`` (study, model, action, stratum, cohort) is that file: one
+    :class:`TrajectoryFormatError` line otherwise (:func:`kvdiverge.io.roles.role_problem`)."""
+    if problem := role_problem(path, metadata, role, doc_ids, WHAT):
+        raise TrajectoryFormatError(problem)
+
+
 def read_trajectories(
-    path: str | os.PathLike, lazy: bool = False, check: bool = True
+    path: str | os.PathLike,
+    lazy: bool = False,
+    check: bool = True,
+    role: Mapping[str, Any] | None = None,
 ) -> pl.DataFrame | pl.LazyFrame:
     """Read a trajectory file and check it against its contract (module docstring).
 
@@ -279,10 +341,13 @@ def read_trajectories(
     raises :class:`TrajectoryFormatError` with one line naming the file (and the document,
     replicate and step). With ``lazy=True`` the verified table is returned as a LazyFrame.
     ``check=False`` skips the contract's value checks (the file is still verified).
+    ``role``: what the reader expects the file to be (:func:`check_trajectory_role`).
     """
     frame, metadata = read_verified_parquet(
         path, WHAT, TrajectoryFormatError, conform=lambda data: _conform(data, str(path))
     )
+    if role:
+        check_trajectory_role(path, metadata, role, frame["doc_id"].unique())
     if check:
         check_trajectories(frame, str(path), metadata)
     return frame.lazy() if lazy else frame

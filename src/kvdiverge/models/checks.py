@@ -25,6 +25,7 @@ __all__ = [
     "check_chat_template",
     "check_tokenizer",
     "folder_vocab_size",
+    "model_vocab_size",
     "render_chat",
 ]
 
@@ -123,3 +124,17 @@ def check_tokenizer(tokenizer: Any, path: str | os.PathLike, where: str | None =
                 f"{where}: {source} is {value!r}; expected a token id in [0, {vocab}) (the "
                 f"vocab_size of {folder / 'config.json'})"
             )
+
+
+def model_vocab_size(model: Any) -> int | None:
+    """The token ids a loaded model scores: the rows of its output layer (the logits' width),
+    else its config's ``vocab_size``; None when neither is known. Recorded in every trajectory
+    file, whose token ids must lie below it (:mod:`kvdiverge.io.roles`)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if weight is not None and weight.ndim == 2:
+        return int(weight.shape[0])
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = getattr(text, "vocab_size", None)
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
