@@ -13,6 +13,7 @@ defaults) is written to a temporary file and passed with ``--configfile`` and
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -90,8 +91,8 @@ def skipped_report(
     """The line a partial run ends with: the report was skipped, and the command that builds it
     once the whole workflow has run (with the run's config files; ``config_values``: the run
     had ``--config`` values, to pass again)."""
-    command = f"snakemake --report {report}"
-    files = [os.path.relpath(f) for f in configfiles]
+    command = f"snakemake --report {shlex.quote(str(report))}"  # a path with spaces runs as is
+    files = [shlex.quote(os.path.relpath(f)) for f in configfiles]
     if files:
         command += " --configfile " + " ".join(files)
     if files and replace:
