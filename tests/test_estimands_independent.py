@@ -31,6 +31,7 @@ from kvdiverge.analysis.bootstrap import stratified_bootstrap_weights
 from kvdiverge.analysis.document_stats import Clock, document_stats
 from kvdiverge.analysis.estimands import (
     ESTIMAND_COLUMNS,
+    INTERVAL_COLUMNS,
     bootstrap_estimands,
     estimands_table,
     render_markdown,
@@ -595,7 +596,7 @@ def test_intervals_and_dropped_draws_match_the_resampled_definitions(study):
                 finite = values[np.isfinite(values)]
                 row = rows[(unit, stratum, name)]
                 assert row["draws_dropped"] == DRAWS - finite.size, (unit, stratum, name)
-                if finite.size == 0:
+                if finite.size == 0 or row["denominator_docs"] < 2:  # no interval
                     assert math.isnan(row["ci_low"]) and math.isnan(row["ci_high"])
                     continue
                 low, high = np.quantile(finite, [(1 - 0.95) / 2, (1 + 0.95) / 2])
@@ -607,7 +608,7 @@ def test_undefined_draws_are_counted_and_the_outputs_still_render(study, tmp_pat
     """Action "rare" diverges in one document of helmet-4k only: its ratio estimands are
     undefined in the draws that miss that document, and everywhere outside helmet-4k."""
     _, table, oracles = study
-    assert list(table.columns) == list(ESTIMAND_COLUMNS)
+    assert list(table.columns) == [*ESTIMAND_COLUMNS, *INTERVAL_COLUMNS]
     assert table["draws_dropped"].dtype == pl.Int64 and table["draws_dropped"].min() == 0
     rows = _rows(table)
     labels = np.array(oracles["rare"].strata)
@@ -618,9 +619,10 @@ def test_undefined_draws_are_counted_and_the_outputs_still_render(study, tmp_pat
     for stratum in ("pooled", "helmet-4k"):
         for name in ("C_H", "mean_entry_time", "branch_tv@1", "local_reentry"):
             assert rows[("rare", stratum, name)]["draws_dropped"] == missed, (stratum, name)
-    # the value itself is defined; the interval uses the remaining draws
+    # the value itself is defined, but one document carries its denominator: no interval
     row = rows[("rare", "pooled", "C_H")]
-    assert math.isfinite(row["value"]) and row["ci_low"] <= row["ci_high"]
+    assert math.isfinite(row["value"]) and row["denominator_docs"] == 1
+    assert math.isnan(row["ci_low"]) and math.isnan(row["ci_high"])
     # no divergence at all in ruler strata: undefined value, every draw dropped, NaN interval
     row = rows[("rare", "ruler-4k", "C_H")]
     assert math.isnan(row["value"]) and row["draws_dropped"] == DRAWS
@@ -631,11 +633,15 @@ def test_undefined_draws_are_counted_and_the_outputs_still_render(study, tmp_pat
     assert rows[("snap", "pooled", "C_H")]["draws_dropped"] == 0
 
     md = render_markdown(table)
-    assert "| dropped draws |" in md.splitlines()[0]
+    assert md.splitlines()[0].startswith(
+        f"Intervals: percentile bootstrap over documents, {DRAWS:,} draws"
+    )
+    assert any("| dropped draws |" in x for x in md.splitlines())
     line = next(x for x in md.splitlines() if x.startswith("| m | rare |  | pooled | C_H |"))
     assert line.endswith(f"| {missed} |")
     nan_line = next(x for x in md.splitlines() if x.startswith("| m | rare |  | ruler-4k | C_H |"))
-    assert "| NA | [NA, NA] |" in nan_line and nan_line.endswith(f"| {DRAWS} |")
+    assert "| NA | not available (0 of 3 documents carry the denominator) |" in nan_line
+    assert nan_line.endswith(f"| {DRAWS} |")
 
     csv, md_path = tmp_path / "estimands.csv", tmp_path / "estimands.md"
     write_estimands(table, str(csv), str(md_path))

@@ -97,3 +97,90 @@ def test_figures_say_the_interval_is_not_available(tmp_path):
     assert texts.count("interval not available: 1 document") == len(STRATA)
     pooled = plot_divergence_cdf(table, ["snapkv-half", "recent-half"])  # 2 documents
     assert not any("not available" in t.get_text() for ax in pooled.axes for t in ax.texts)
+
+
+def _branch_cohort_of_one(tmp_path) -> tuple[pl.DataFrame, object]:
+    """Study-2 statistics of 3 + 3 documents in which recent-half's branch cohort holds one
+    document (every other document's branch statistics set to 0: it never branched early)."""
+    pairs = {s: stratum_pairs(7 + i, LAMBDAS) for i, s in enumerate(STRATA)}
+    files = write_synthetic_study(
+        tmp_path, "study2", "m", pairs, {"dev": (2, 2), "study2": (3, 4)}, H=16, seed=3,
+        control="full",
+    )  # fmt: skip
+    stats, clock = document_stats(
+        {a: list(files[a].values()) for a in LAMBDAS},
+        list(files["documents"].values()),
+        control="full",
+    )
+    branch = [c for c in stats.columns if c.startswith("branch") or c == "cohort_paths"]
+    rows = stats.filter(action="recent-half", cohort="study2").sort("doc_id")
+    carrier = rows.filter(pl.col("branch_cohort") > 0)["doc_id"][0]
+    cleared = (pl.col("action") == "recent-half") & (pl.col("doc_id") != carrier)
+    stats = stats.with_columns(
+        [pl.when(cleared).then(0.0).otherwise(pl.col(c)).cast(stats[c].dtype).alias(c)
+         for c in branch]
+    )  # fmt: skip
+    return stats, clock
+
+
+def test_a_ratio_whose_denominator_one_document_carries_has_no_interval(tmp_path):
+    stats, clock = _branch_cohort_of_one(tmp_path)
+    evaluation = stats.filter(cohort="study2")
+    # independently of the code under test: documents whose branch cohort is not empty
+    carriers = evaluation.filter(pl.col("branch_cohort") > 0).group_by("action").len()
+    counts = dict(zip(carriers["action"], carriers["len"], strict=True))
+    assert counts["recent-half"] == 1 and counts["snapkv-half"] >= 2
+    table = estimands_table(
+        stats, clock, model="m", actions=list(LAMBDAS), control="full", cohort="study2",
+        draws=2000, seed=1, family_estimands=["branch_contrast_B"], family_size=8,
+    )  # fmt: skip
+    pooled = table.filter(stratum="pooled")
+    b_recent = pooled.filter(action="recent-half", estimand="branch_contrast_B").row(0, named=True)
+    assert b_recent["n_docs"] == 6 and b_recent["denominator_docs"] == 1
+    assert np.isfinite(b_recent["value"]) and np.isnan(b_recent["ci_low"])
+    b_snap = pooled.filter(action="snapkv-half", estimand="branch_contrast_B").row(0, named=True)
+    assert b_snap["denominator_docs"] == counts["snapkv-half"]
+    assert b_snap["ci_low"] <= b_snap["value"] <= b_snap["ci_high"]
+    # a contrast of the ratio rests on the fewer carriers of its two actions
+    contrast = pooled.filter(contrast="snapkv-half - recent-half", estimand="branch_contrast_B")
+    assert contrast["denominator_docs"].to_list() == [1] and contrast["ci_low"].is_nan().all()
+    # a mean estimand rests on every document, and the table says its draws
+    r_smc = pooled.filter(action="recent-half", estimand="R_smc").row(0, named=True)
+    assert r_smc["denominator_docs"] == 6 and np.isfinite(r_smc["ci_low"])
+    assert (table["draws"] == 2000).all()
+    markdown = render_markdown(table)
+    assert markdown.splitlines()[0].startswith(
+        "Intervals: percentile bootstrap over documents, 2,000 draws"
+    )
+    row = next(
+        line
+        for line in markdown.splitlines()
+        if "| recent-half |  | pooled | branch_contrast_B |" in line
+    )
+    assert "not available (1 of 6 documents carry the denominator)" in row
+    print(row)  # the closing note's example row
+
+
+def test_too_few_bootstrap_draws_for_a_level_are_refused_at_config_time():
+    from kvdiverge.analysis.bootstrap import bootstrap_draws_problem, min_draws
+
+    # B·(1 − L)/2 >= 50 draws in each tail, checked against the definition
+    for level in (0.9, 0.95, 0.99, 1 - 0.05 / 8):
+        b = min_draws(level)
+        assert b * (1 - level) / 2 >= 50 - 1e-6 and (b - 1) * (1 - level) / 2 < 50
+    assert (min_draws(0.95), min_draws(1 - 0.05 / 8)) == (2000, 16000)
+    config = {
+        "analysis": {"level": 0.95, "alpha": 0.05},
+        "studies": {
+            "study1": {"bootstrap_draws": 2000},
+            "study2": {"bootstrap_draws": 10000, "family_endpoints": 8},
+        },
+    }
+    assert bootstrap_draws_problem(config) == (
+        "config.studies.study2.bootstrap_draws: 10000 draws put 31.2 in each tail of its "
+        "99.375% intervals; expected at least 16000 (>= 50 draws in each tail)"
+    )
+    config["studies"]["study2"]["bootstrap_draws"] = 16000
+    assert bootstrap_draws_problem(config) is None
+    config["studies"]["study1"]["bootstrap_draws"] = 1999
+    assert "config.studies.study1.bootstrap_draws: 1999 draws" in bootstrap_draws_problem(config)

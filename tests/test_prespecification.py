@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from registration_helpers import file_meta, rollout_models
 from workflow_helpers import ROOT, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.prespecification import (
@@ -25,6 +26,7 @@ from kvdiverge.analysis.prespecification import (
     prespecified,
     prespecified_group,
     read_lock,
+    register,
     write_lock,
 )
 from kvdiverge.config import validate_config
@@ -127,10 +129,12 @@ def test_a_lock_reads_back_and_refuses_a_hand_edit(tmp_path):
 
 def test_check_lock_names_the_changed_field_or_the_file(tmp_path):
     config = _config()
-    lock = make_lock(_spec(config), PLAN)
     path = tmp_path / "lock.json"
-    write_lock(lock, path)
-    files = {"a.parquet": {"lock": lock["hash"]}, "b.parquet": {"lock": lock["hash"]}}
+    lock = register(make_lock(_spec(config), PLAN, models=rollout_models(config["models"])), path)
+    files = {
+        "a.parquet": file_meta(lock, "snapkv-90", "smollm2"),
+        "b.parquet": file_meta(lock, "recent-90", "smollm2"),
+    }
     assert check_lock(path, _spec(config), files) == lock
     config["analysis"]["family_estimands"] = ["S_99"]
     with pytest.raises(PrespecificationError) as info:
@@ -141,11 +145,11 @@ def test_check_lock_names_the_changed_field_or_the_file(tmp_path):
         f'{path}: the config no longer matches the lock (endpoints.estimands: locked ["S_99", '
         '"branch_contrast_B"], now ["S_99"]); rerun the workflow to re-lock'
     )
-    stale = {**files, "b.parquet": {"lock": "0123456789abcdef"}}
+    stale = {**files, "b.parquet": {**files["b.parquet"], "lock": "0123456789abcdef"}}
     with pytest.raises(PrespecificationError, match=r"^b\.parquet: rolled out under lock 0123"):
         check_lock(path, _spec(_config()), stale)
     with pytest.raises(PrespecificationError, match=r"^a\.parquet: rolled out under no lock"):
-        check_lock(path, _spec(_config()), {"a.parquet": {}})
+        check_lock(path, _spec(_config()), {"a.parquet": {"action": {"name": "snapkv-90"}}})
 
 
 # ---- rollout groups: the study lock covers the first, each later group an amendment ------------
@@ -210,9 +214,9 @@ def test_appending_a_group_leaves_the_study_lock_and_earlier_amendments_alone():
 
 def test_check_lock_checks_every_amendment_and_each_file_against_its_group(tmp_path):
     config = _grouped(_config(), main=["snapkv-90", "full"], extra=["recent-90"])
-    lock = make_lock(_spec(config), PLAN)
     path, extra = tmp_path / "lock.json", tmp_path / "locks" / "extra.json"
-    write_lock(lock, path)
+    models = rollout_models(config["models"])
+    lock = register(make_lock(_spec(config), PLAN, models=models), path)
     spec = prespecified_group(config, "study2", "extra", _actions(config))
     amendment = make_amendment(spec, lock)
     extra.parent.mkdir()
@@ -223,9 +227,9 @@ def test_check_lock_checks_every_amendment_and_each_file_against_its_group(tmp_p
         return {"extra": (extra, prespecified_group(cfg, "study2", "extra", _actions(cfg)))}
 
     files = {
-        "snapkv.parquet": {"lock": lock["hash"], "action": {"name": "snapkv-90"}},
-        "full.parquet": {"lock": lock["hash"], "action": {"name": "full"}},
-        "recent.parquet": {"lock": amendment["hash"], "action": {"name": "recent-90"}},
+        "snapkv.parquet": file_meta(lock, "snapkv-90", "smollm2"),
+        "full.parquet": file_meta(lock, "full", "smollm2"),
+        "recent.parquet": file_meta(amendment, "recent-90", "smollm2"),
     }
     assert check_lock(path, _spec(config), files, amendments(config)) == lock
     # a file of the later group rolled out under the study lock, and the other way round
@@ -249,8 +253,7 @@ def test_check_lock_checks_every_amendment_and_each_file_against_its_group(tmp_p
     )
     # a re-locked study (another K): the amendment names the study lock it was written under
     config["actions"]["recent-90"]["budget"] = 0.9
-    relocked = make_lock(_spec(config), {**PLAN, "K_planned": 6})
-    write_lock(relocked, path)
+    register(make_lock(_spec(config), {**PLAN, "K_planned": 6}, models=models), path)
     with pytest.raises(PrespecificationError, match=r"extra\.json: the config no longer matches "):
         check_lock(path, _spec(config), {}, amendments(config))
     # an amendment edited by hand is refused when read

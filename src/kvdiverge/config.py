@@ -32,12 +32,14 @@ from typing import Any
 import jsonschema
 import yaml
 
+from kvdiverge.analysis.bootstrap import bootstrap_draws_problem
 from kvdiverge.analysis.groups import FIRST_GROUP, action_groups, study_groups
 from kvdiverge.eviction import check_action, keeps_everything
 from kvdiverge.pipeline.actions import actions_problem, selector_entry
 from kvdiverge.pipeline.baselines import baseline_problem
 from kvdiverge.pipeline.configfiles import TEMPLATING_REFUSED, templated
 from kvdiverge.pipeline.decoding import decoding_problem, greedy_replicates
+from kvdiverge.pipeline.extremes import clock_problem, extremes_problem
 from kvdiverge.pipeline.names import config_name_problem
 
 __all__ = [
@@ -467,7 +469,7 @@ _CLOCK_FIELDS = {
 
 def _check_clock(config: Mapping[str, Any]) -> Any:
     """The analysis clock at ``rollout.H`` (every step count in range); returns it."""
-    from kvdiverge.analysis.document_stats import AnalysisInputError, Clock
+    from kvdiverge.analysis.document_stats import AnalysisInputError, Clock, clock_terms
 
     horizon = config.get("rollout", {}).get("H", 128)
     settings = dict(config.get("analysis", {}).get("clock", {}))
@@ -476,12 +478,9 @@ def _check_clock(config: Mapping[str, Any]) -> Any:
     except AnalysisInputError as exc:
         text = str(exc).removeprefix("clock: ")
         name = text.split()[0]
-        field = (
-            f"config.analysis.clock.{_CLOCK_FIELDS[name]}"
-            if name in _CLOCK_FIELDS
-            else "config.rollout.H"
-        )
-        raise ConfigError(f"{field}: at rollout.H = {horizon}, {text}") from exc
+        key = _CLOCK_FIELDS.get(name, "H")
+        fraction, smallest = clock_terms(key, horizon, settings)
+        raise ConfigError(clock_problem(horizon, name, fraction, text, smallest, key)) from exc
 
 
 def _check_family_estimands(config: Mapping[str, Any], clock: Any) -> None:
@@ -581,7 +580,10 @@ def check_references(config: Mapping[str, Any]) -> None:
     """Resolve every cross-reference of a validated config; :class:`ConfigError` in one line
     naming the field (module docstring lists the checks)."""
     check_generation_reserve(config)
-    if problem := actions_problem(config) or decoding_problem(config) or baseline_problem(config):
+    checks = (actions_problem, decoding_problem, baseline_problem, bootstrap_draws_problem)
+    if problem := next(filter(None, (check(config) for check in checks)), None):
+        raise ConfigError(problem)
+    if problem := extremes_problem(config):
         raise ConfigError(problem)
     _check_finite_state(config)
     _check_models(config)

@@ -58,6 +58,8 @@ rule estimands:
             labels={"study": "{study}", "table": "estimands (CSV)"},
         ),
         md=results("{study}/tables/estimands.md"),
+        plan_check=results("{study}/tables/plan_check.csv"),
+        plan_check_md=results("{study}/tables/plan_check.md"),
     log:
         logs("analysis/estimands/{study}.log"),
     benchmark:
@@ -148,6 +150,7 @@ rule prespecify:
     input:
         plan=results("{study}/plan.json"),
         documents=expand(results("documents/{stratum}.parquet"), stratum=study_strata()),
+        development=lambda w: list(development_files(w.study).values()),
     output:
         results("{study}/lock.json"),
     log:
@@ -161,6 +164,14 @@ rule prespecify:
     params:
         lock="study",
         prespecified=prespecified_study,
+        # the lock registers each model folder's digests; a first registration beside
+        # existing evaluation trajectories (an erased history) is refused
+        model_paths={name: model_path(name) for name in config["models"]},
+        evaluation_files=lambda w: [
+            f
+            for files in study_trajectory_files(w.study, config["models"], "evaluation").values()
+            for f in files
+        ],
         endpoint_script=(
             "swrb_estimands.py" if config["rollout"]["coupling"] == "swrb" else "estimands.py"
         ),

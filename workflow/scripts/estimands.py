@@ -15,12 +15,17 @@ from kvdiverge.analysis.estimands import (  # noqa: E402
     study_seed,
     write_estimands,
 )
+from kvdiverge.analysis.plan_precision import (  # noqa: E402
+    predicted_vs_achieved,
+    render_plan_check,
+)
 from kvdiverge.analysis.prespecification import (  # noqa: E402
     check_lock,
     endpoint_fingerprint,
     registration_line,
 )
-from kvdiverge.io.trajectories import read_trajectory_metadata  # noqa: E402
+from kvdiverge.io import atomic_path, atomic_write_text  # noqa: E402
+from kvdiverge.io.trajectories import provenance_mix, read_trajectory_metadata  # noqa: E402
 from kvdiverge.pipeline.rule_inputs import keyed_inputs  # noqa: E402
 
 p = snakemake.params
@@ -30,19 +35,22 @@ study = p.study
 # registered code.
 amendment_files = keyed_inputs(snakemake.input, "amendment")
 amendments = {group: (amendment_files[group], spec) for group, spec in p.amendments.items()}
+metadata = {path: read_trajectory_metadata(path) for path in snakemake.input.trajectories}
 lock = check_lock(
     snakemake.input.lock,
     p.prespecified,
-    {path: read_trajectory_metadata(path) for path in snakemake.input.trajectories},
+    metadata,
     amendments,
     endpoint_code=endpoint_fingerprint(os.path.join(snakemake.scriptdir, "estimands.py")),
 )
+for line in provenance_mix(metadata):  # one study, several numerics: say so
+    log.warning("%s", line)
 log.info("%s", registration_line(lock))
 log.info("lock %s holds for %d evaluation files", lock["hash"], len(snakemake.input.trajectories))
 contrasts = [tuple(c) for c in p.contrasts] if p.contrasts else None
 tables = []
 for model, path in keyed_inputs(snakemake.input, "stats").items():
-    stats, clock = read_document_stats(path)
+    stats, clock = read_document_stats(path, {"study": snakemake.wildcards.study, "model": model})
     worst = control_max_tv(stats, study["control"])
     if worst:
         log.warning("control %s of %s: nonzero rollout TV %.3g", study["control"], model, worst)
@@ -66,6 +74,23 @@ for model, path in keyed_inputs(snakemake.input, "stats").items():
         )
     )
     log.info("%s: %d rows", model, tables[-1].height)
-write_estimands(
-    pl.concat(tables), snakemake.output.csv, snakemake.output.md, header=registration_line(lock)
-)
+table = pl.concat(tables)
+write_estimands(table, snakemake.output.csv, snakemake.output.md, header=registration_line(lock))
+# the plan beside what it bought: each locked entry's predicted and achieved half-width
+check = predicted_vs_achieved(lock["plan"], table)
+with atomic_path(snakemake.output.plan_check, suffix=".csv") as tmp:
+    check.write_csv(tmp)
+atomic_write_text(snakemake.output.plan_check_md, render_plan_check(check))
+for r in check.iter_rows(named=True):
+    log.info(
+        "plan %s/%s %s at %.6g: predicted half-width %.4g [%.4g, %.4g], achieved %.4g (%.2fx)",
+        r["model"],
+        r["action"],
+        r["estimand"],
+        r["level"],
+        r["predicted"],
+        r["predicted_low"],
+        r["predicted_high"],
+        r["achieved"],
+        r["ratio"],
+    )

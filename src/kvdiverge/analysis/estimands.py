@@ -39,7 +39,13 @@ the document-averaged numerator and denominator, never a mean of per-document ra
 
 No interval from fewer than two documents: a row whose unit rests on one document (a cohort
 or stratum of one) gets a NaN interval, reported as not available (one document's resamples
-all repeat it); the Markdown says so with the row's document count.
+all repeat it); the Markdown says so with the row's document count. The same holds for a ratio
+estimand whose denominator fewer than two of the unit's documents carry (the branch cohort for
+``branch_*`` and ``local_*``, the diverged paths for ``mean_entry_time``, the exposure for
+``C_H``; :data:`RATIO_DENOMINATORS`): every resample then repeats that document's ratio. The
+column ``denominator_docs`` counts the documents whose mean denominator is nonzero (for a
+contrast, the fewer of its two actions'; ``n_docs`` for an estimand that is no ratio), and
+``draws`` the bootstrap draws every interval of the table comes from.
 
 Undefined draws: a ratio estimand is NaN where its denominator is zero (an empty branch
 cohort, no divergence, a zero gap). Such bootstrap draws are left out of the percentile
@@ -67,11 +73,14 @@ from kvdiverge.theory.risk import gap_decomposition
 
 __all__ = [
     "ESTIMAND_COLUMNS",
+    "INTERVAL_COLUMNS",
+    "RATIO_DENOMINATORS",
     "action_estimands",
     "all_pairs",
     "bootstrap_estimands",
     "contrast_estimands",
     "control_max_tv",
+    "denominator_documents",
     "estimands_table",
     "render_markdown",
     "study_seed",
@@ -92,6 +101,9 @@ ESTIMAND_COLUMNS = (
     "n_paths",
     "draws_dropped",
 )
+
+INTERVAL_COLUMNS = ("denominator_docs", "draws")
+"""Columns of :func:`estimands_table` after :data:`ESTIMAND_COLUMNS` (module docstring)."""
 
 _EXTRA = ("n_paths", "cohort_paths", "cohort_any")
 
@@ -166,6 +178,93 @@ def action_estimands(
     out["flat_extrapolation"] = m["prefix_mismatch"] * h / clock.prefix
     out["R_minus_flat"] = m["rollout_tv"] - out["flat_extrapolation"]
     return out
+
+
+_COHORT = (("branch_cohort", 1.0),)
+RATIO_DENOMINATORS: dict[str, tuple[tuple[tuple[str, float], ...], ...]] = {
+    "C_H": ((("exposure", 1.0),),),
+    "mean_entry_time": ((("diverged", 1.0),),),
+    "branch_early": (_COHORT,),
+    "branch_late": (_COHORT,),
+    "branch_contrast_B": (_COHORT,),
+    "local_agreement_run": (_COHORT,),
+    "local_reentry": (_COHORT,),
+    "pre_eos_share": ((("rollout_tv", 1.0), ("fixed_tv", -1.0)),),
+    "eos_share": ((("rollout_tv", 1.0), ("fixed_tv", -1.0)),),
+}
+"""The denominators of the per-action ratio estimands without a lag: each a tuple of
+denominators, each a sum of (document statistic, sign); a document carries the estimand's
+denominators when each of them is nonzero in its mean (:func:`denominator_terms` adds the
+lagged ones)."""
+
+
+def denominator_terms(
+    estimand: str, clock: Clock
+) -> tuple[tuple[tuple[str, float], ...], ...] | None:
+    """The denominators of a per-action ratio estimand (:data:`RATIO_DENOMINATORS`, and
+    ``branch_tv@j`` over the branch cohort, ``branch_pre_tv@j`` over the pre-EOS paths at lag
+    j, ``branch_pre_early`` / ``_late`` / ``_contrast_B`` over the pre-EOS paths of their
+    windows); ``None`` for an estimand that is no ratio."""
+    if estimand in RATIO_DENOMINATORS:
+        return RATIO_DENOMINATORS[estimand]
+    if estimand.startswith("branch_tv@"):
+        return (_COHORT,)
+    if estimand.startswith("branch_pre_tv@"):
+        return (((f"branch_pre_n@{estimand.split('@')[1]}", 1.0),),)
+    d, w = clock.branch_depth, clock.window
+    early = tuple((f"branch_pre_n@{j}", 1.0) for j in range(1, w + 1))
+    late = tuple((f"branch_pre_n@{j}", 1.0) for j in range(d - w + 1, d + 1))
+    windows = {
+        "branch_pre_early": (early,),
+        "branch_pre_late": (late,),
+        "branch_pre_contrast_B": (early, late),
+    }
+    return windows.get(estimand)
+
+
+_CONTRAST_DENOMINATORS = {  # contrast-only ratios: documents where b's and a's values differ
+    "occurrence_share": (("mismatch", 1.0),),
+    "exposure_share": (("mismatch", 1.0),),
+    "rate_share": (("mismatch", 1.0),),
+    "pre_eos_share": (("rollout_tv", 1.0), ("fixed_tv", -1.0)),
+    "eos_share": (("rollout_tv", 1.0), ("fixed_tv", -1.0)),
+}
+
+
+def denominator_documents(
+    values: np.ndarray,
+    names: Sequence[str],
+    estimands: Sequence[str],
+    clock: Clock,
+    contrasts: Sequence[tuple[int, int]] = (),
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """How many documents carry each ratio estimand's denominator: per action ``{estimand:
+    (n_actions,) counts}`` and per contrast ``{estimand: (n_contrasts,) counts}``; an estimand
+    absent from both is no ratio and rests on every document.
+
+    ``values`` (n_docs, n_actions, n_stats): each document's mean statistics, named ``names``;
+    ``estimands``: the per-action estimand names; ``contrasts``: (b, a) action indices. A
+    contrast of a ratio counts the fewer of its two actions' documents; a contrast's own
+    shares (:data:`_CONTRAST_DENOMINATORS`) the documents whose denominator differs between b
+    and a."""
+    index = {n: i for i, n in enumerate(names)}
+
+    def carried(terms: Sequence[tuple[str, float]]) -> np.ndarray:  # (n_docs, n_actions)
+        return sum(sign * values[:, :, index[name]] for name, sign in terms)
+
+    per_action: dict[str, np.ndarray] = {}
+    for estimand in estimands:
+        terms = denominator_terms(estimand, clock)
+        if terms:
+            per_action[estimand] = np.minimum.reduce([(carried(t) != 0).sum(0) for t in terms])
+    b = np.array([c[0] for c in contrasts], dtype=np.int64)
+    a = np.array([c[1] for c in contrasts], dtype=np.int64)
+    per_contrast = {k: np.minimum(v[b], v[a]) for k, v in per_action.items()}
+    if len(contrasts):
+        for key, terms in _CONTRAST_DENOMINATORS.items():
+            diff = carried(terms)
+            per_contrast[key] = (diff[:, b] != diff[:, a]).sum(0)
+    return per_action, per_contrast
 
 
 _RECOMPUTED_SHARES = ("pre_eos_share", "eos_share")
@@ -304,8 +403,9 @@ def estimands_table(
         raise AnalysisInputError(f"{where}: action {missing[0]!r} has no rows")
     compared = [a for a in actions if a != control]
     contrasts = all_pairs(compared) if contrasts is None else list(contrasts)
-    docs, _, _ = _aligned_matrix(stats, actions, clock, where)
+    docs, doc_values, stat_names = _aligned_matrix(stats, actions, clock, where)
     strata_labels = docs["stratum"].to_numpy()
+    pair_index = [(actions.index(b), actions.index(a)) for b, a in contrasts]
     for stratum in strata or ():
         if stratum not in set(strata_labels):
             raise AnalysisInputError(f"{where}: stratum {stratum!r} has no documents")
@@ -318,6 +418,16 @@ def estimands_table(
             stats, clock, actions, contrasts, weights, stratum, where
         )
         label = "pooled" if stratum is None else stratum
+        rows = slice(None) if stratum is None else strata_labels == stratum
+        carriers = dict(
+            zip(
+                ("action", "contrast"),
+                denominator_documents(
+                    doc_values[rows], stat_names, list(per_action), clock, pair_index
+                ),
+                strict=True,
+            )
+        )
         for kind, table, names in (
             ("action", per_action, list(actions)),
             ("contrast", per_contrast, [f"{b} - {a}" for b, a in contrasts]),
@@ -334,8 +444,13 @@ def estimands_table(
                         levels[i, [j for j, a in enumerate(names) if a != control]] = family_level
             draws_only = cube[..., 1:].reshape(-1, cube.shape[2] - 1)
             low, high = percentile_interval(draws_only, levels.ravel(), axis=1)
-            if n_docs < MIN_INTERVAL_DOCUMENTS:  # one document: no interval (not available)
-                low, high = np.full_like(low, np.nan), np.full_like(high, np.nan)
+            # documents carrying each row's denominator (every document: no ratio)
+            carrying = np.stack(
+                [carriers[kind].get(k, np.full(n_units, n_docs)) for k in keys]
+            ).ravel()
+            # one document (of the unit, or carrying a ratio's denominator): no interval
+            alone = carrying < MIN_INTERVAL_DOCUMENTS
+            low, high = np.where(alone, np.nan, low), np.where(alone, np.nan, high)
             # bootstrap draws in which a ratio estimand is undefined (zero denominator, e.g. an
             # empty branch cohort): left out of the interval, and counted here
             dropped = (~np.isfinite(draws_only)).sum(1)
@@ -363,10 +478,12 @@ def estimands_table(
                         "n_docs": n_docs,
                         "n_paths": np.tile(unit_paths, len(keys)).astype(np.int64),
                         "draws_dropped": dropped.astype(np.int64),
+                        "denominator_docs": carrying.astype(np.int64),
+                        "draws": draws,
                     }
                 )
             )
-    return pl.concat(frames).select(ESTIMAND_COLUMNS)
+    return pl.concat(frames).select(*ESTIMAND_COLUMNS, *INTERVAL_COLUMNS)
 
 
 def control_max_tv(stats: pl.DataFrame, control: str) -> float:
@@ -407,6 +524,14 @@ def render_markdown(table: pl.DataFrame, digits: int = 4, header: str | None = N
         (pl.col("stratum") == "pooled") | pl.col("estimand").is_in(_MARKDOWN_STRATUM_ESTIMANDS)
     )
     lines = [f"{header}", ""] if header else []
+    if "draws" in table.columns and table.height:
+        counts = sorted({int(d) for d in table["draws"].drop_nulls()})
+        lines += [
+            f"Intervals: percentile bootstrap over documents, "
+            f"{', '.join(f'{d:,}' for d in counts)} draws; no interval where fewer than "
+            f"{MIN_INTERVAL_DOCUMENTS} documents carry a row (or its ratio's denominator).",
+            "",
+        ]
     lines += [
         "| model | action | contrast | stratum | estimand | value | interval | level | docs "
         "| paths | dropped draws |",
@@ -419,6 +544,9 @@ def render_markdown(table: pl.DataFrame, digits: int = 4, header: str | None = N
     def interval(r: dict) -> str:
         if r["n_docs"] < MIN_INTERVAL_DOCUMENTS:
             return f"not available ({r['n_docs']} document)"
+        carrying = r.get("denominator_docs")
+        if carrying is not None and carrying < MIN_INTERVAL_DOCUMENTS:
+            return f"not available ({carrying} of {r['n_docs']} documents carry the denominator)"
         return f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]"
 
     for r in keep.iter_rows(named=True):

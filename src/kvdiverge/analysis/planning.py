@@ -47,10 +47,15 @@ Two designs per entry:
   documents would) — and the plan then says in one line how many documents per stratum the
   target needs.
 
-This module imports no other analysis module on purpose: a change to its code re-plans, and a
-new plan re-locks the study and reruns its evaluation rollouts (`docs/prespecification.md`), so
-nothing but planning code may change the plan (the endpoints' path statistics are written here
-again, and a test holds them equal to :mod:`kvdiverge.analysis.document_stats`'s).
+Each entry's ``evaluation`` also carries the development stage's uncertainty about its
+predicted half-width (:func:`kvdiverge.analysis.plan_precision.half_width_spread`: σ_b²'s moment
+estimate before clipping, and bootstrap intervals of σ_b², σ_w² and the half-width).
+
+This module imports no other analysis module but :mod:`kvdiverge.analysis.plan_precision` on
+purpose: a change to its code re-plans, and a new plan re-locks the study and reruns its
+evaluation rollouts (`docs/prespecification.md`), so nothing but planning code may change the
+plan (the endpoints' path statistics are written here again, and a test holds them equal to
+:mod:`kvdiverge.analysis.document_stats`'s).
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ import numpy as np
 import polars as pl
 from scipy.stats import norm
 
+from kvdiverge.analysis.plan_precision import half_width_spread
 from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
     read_trajectories,
@@ -444,6 +450,7 @@ def study_plan(
     notes: list[str] = []
     bounded: list[tuple[str, int]] = []  # (model/action/estimand, least-cost K above max_K)
     cache: dict[tuple[str, str], tuple[pl.DataFrame, dict]] = {}
+    moments: dict[int, pl.DataFrame] = {}  # per entry: its development documents' moments
     for model, action, estimand in _entries(models, actions, control, endpoints):
         where = f"planning {model}/{action}"
         if (model, action) not in cache:
@@ -475,8 +482,9 @@ def study_plan(
             if any(e["model"] == model and e["action"] == action and e["estimand"] == estimand
                    for e in plans):  # fmt: skip
                 continue
+        moments[len(plans)] = _moments(paths, values)
         var = variance_components(
-            _moments(paths, values), where=f"{where}: development cohort", column="value"
+            moments[len(plans)], where=f"{where}: development cohort", column="value"
         )
         design = optimal_design(
             var["sigma_between2"], var["sigma_within2"], cost["c_doc"], cost["c_rep"],
@@ -502,8 +510,10 @@ def study_plan(
     planned = max(wants)
     K = pinned_K if pinned_K is not None else planned
     worst = None
-    for e in plans:
+    for i, e in enumerate(plans):
         e["evaluation"] = _half_width_and_cost(e, e, K, n_eval, z)
+        names = (e["model"], e["action"], e["estimand"])
+        e["evaluation"].update(half_width_spread(moments[i], K, n_eval, level, names))
         per_doc = e["sigma_between2"] + e["sigma_within2"] / K
         need = int(-(-int(_documents_needed(per_doc, half_width, z)) // len(strata)))
         e["evaluation"]["docs_per_stratum_needed"] = need

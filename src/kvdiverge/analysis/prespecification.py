@@ -71,19 +71,30 @@ from kvdiverge.io.files import atomic_write_text
 from kvdiverge.io.locks import (
     _RERUN,
     AMENDMENT_FIELDS,
+    HISTORY_NAME,
     LOCK_FIELDS,
+    ROLLOUT_SETTINGS,
     PrespecificationError,
+    check_chain,
+    check_history,
+    check_trajectory,
     evaluation_cohorts,
+    history_locked,
+    history_path,
     lock_hash,
+    read_history,
     read_lock,
+    redo,
     write_lock,
 )
 from kvdiverge.pipeline.provenance import code_text, script_fingerprint
 
 __all__ = [
     "AMENDMENT_FIELDS",
+    "HISTORY_NAME",
     "LOCK_FIELDS",
     "PrespecificationError",
+    "check_history",
     "check_lock",
     "endpoint_fingerprint",
     "evaluation_cohorts",
@@ -98,11 +109,65 @@ __all__ = [
     "read_lock",
     "register",
     "registration_line",
+    "rollout_models",
     "write_lock",
 ]
 
-HISTORY_NAME = "lock_history.jsonl"
-"""The registrations of a study's lock, one JSON line each, beside ``lock.json``."""
+
+def rollout_models(
+    development: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    digests: Mapping[str, Mapping[str, str] | None],
+) -> dict[str, dict[str, Any]]:
+    """The lock's ``rollout.models``: per model its ``weights`` and ``tokenizer`` digests
+    (``digests``, :func:`kvdiverge.io.model_digest.model_digests` of its folder now) and the
+    ``device`` (its type: ``cpu``, ``cuda``), ``dtype``, ``kernel`` (each attention layout's
+    kernel, over all its files) and ``libraries`` its development rollouts recorded.
+
+    ``development[model]``: the metadata of the model's development trajectory files by path.
+    One line naming the file and field where two of a model's files disagree, a file lacks a
+    field, a layout ran two kernels, or a file's recorded model digest is not the folder's now
+    (the model changed after its development rollouts)."""
+    out: dict[str, dict[str, Any]] = {}
+    for model, files in development.items():
+        entry: dict[str, Any] = {**(digests.get(model) or {"weights": None, "tokenizer": None})}
+        kernel: dict[str, str] = {}
+        first: dict[str, tuple[str, Any]] = {}
+        for file, meta in files.items():
+            recorded = meta.get("model_digest")
+            if recorded != digests.get(model):
+                raise PrespecificationError(
+                    f"{file}: rolled out with model digest {_short(recorded)}, but the folder "
+                    f"of {model} now has {_short(digests.get(model))} (changed after its "
+                    f"development rollouts?); delete {file} and rerun the workflow"
+                )
+            device = meta.get("device")
+            values = {
+                "device": device.split(":")[0] if isinstance(device, str) else device,
+                "dtype": meta.get("dtype"),
+                "libraries": meta.get("libraries"),
+            }
+            for field, value in values.items():
+                if value is None:
+                    raise PrespecificationError(
+                        f"{file}: trajectory metadata lacks {field!r} (written by an earlier "
+                        f"version?); delete {file} and rerun the workflow"
+                    )
+                seen = first.setdefault(field, (file, value))
+                if seen[1] != value:
+                    raise PrespecificationError(
+                        f"{file}: its development rollout ran {field} {_short(value)}, "
+                        f"{seen[0]} ran {_short(seen[1])}: one model's rollouts must run alike"
+                    )
+            for layout, name in (meta.get("kernel") or {}).items():
+                if kernel.setdefault(layout, name) != name:
+                    raise PrespecificationError(
+                        f"{file}: layout {layout} ran kernel {name!r}, another development "
+                        f"file of {model} ran {kernel[layout]!r}: one model's rollouts must run "
+                        f"alike"
+                    )
+        entry.update({k: v for k, (_, v) in first.items()}, kernel=dict(sorted(kernel.items())))
+        out[model] = entry
+    return out
 
 
 def _endpoints(config: Mapping[str, Any], study: str, compared: Sequence[str]) -> Any:
@@ -134,13 +199,16 @@ def prespecified(
     study: str,
     strata: Sequence[str],
     actions: Mapping[str, Mapping[str, Any]],
+    rollout_code: str | None = None,
 ) -> dict[str, Any]:
     """What the config fixes for ``study`` before its evaluation rollouts (module docstring):
-    ``study``, ``design`` (with the config's ``K`` setting) and ``endpoints`` (or ``None``), of
-    the study's first rollout group (every action, without ``groups``).
+    ``study``, ``design`` (with the config's ``K`` setting), ``endpoints`` (or ``None``), of
+    the study's first rollout group (every action, without ``groups``), and ``rollout``: the
+    code fingerprint of its evaluation rollout jobs and ``rollout.max_batch_rows``.
 
     ``config``: a validated config (defaults filled); ``strata``: the stratum names;
-    ``actions``: every action's full spec by name (``ActionSpec.as_dict``).
+    ``actions``: every action's full spec by name (``ActionSpec.as_dict``); ``rollout_code``:
+    the evaluation rollout rule's ``code`` param (``workflow/rules/helpers/rollouts.smk``).
     """
     spec = config["studies"][study]
     control = spec.get("control", "full")
@@ -161,7 +229,8 @@ def prespecified(
         "temperature": config["rollout"].get("temperature", 1),
     }
     endpoints = _endpoints(config, study, [a for a in first if a != control])
-    return {"study": study, "design": design, "endpoints": endpoints}
+    rollout = {"code": rollout_code, "max_batch_rows": config["rollout"]["max_batch_rows"]}
+    return {"study": study, "design": design, "endpoints": endpoints, "rollout": rollout}
 
 
 def prespecified_group(
@@ -169,11 +238,13 @@ def prespecified_group(
     study: str,
     group: str,
     actions: Mapping[str, Mapping[str, Any]],
+    rollout_code: str | None = None,
 ) -> dict[str, Any]:
     """What the config fixes for a later rollout ``group`` of ``study`` (not the first, whose
     content is :func:`prespecified`): ``study``, ``group``, ``design`` (the group's actions,
     the control, ``K_control`` and the cohort) and the ``endpoints`` of its actions (or
-    ``None``); :func:`make_amendment` adds the study lock's hash and K.
+    ``None``), and ``rollout.code``, the group's evaluation rollout code fingerprint;
+    :func:`make_amendment` adds the study lock's hash, K and rollout side.
 
     ``actions``: every action's full spec by name (``ActionSpec.as_dict``).
     """
@@ -193,7 +264,13 @@ def prespecified_group(
         "cohort": spec.get("cohort", study),
     }
     endpoints = _endpoints(config, study, [a for a in groups[group] if a != control])
-    return {"study": study, "group": group, "design": design, "endpoints": endpoints}
+    return {
+        "study": study,
+        "group": group,
+        "design": design,
+        "endpoints": endpoints,
+        "rollout": {"code": rollout_code},
+    }
 
 
 def make_lock(
@@ -201,6 +278,8 @@ def make_lock(
     plan: Mapping[str, Any],
     documents: Mapping[str, str] | None = None,
     endpoint_code: str | None = None,
+    models: Mapping[str, Mapping[str, Any]] | None = None,
+    chain: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The lock of a :func:`prespecified` ``spec`` with its ``plan`` (module docstring).
 
@@ -210,6 +289,13 @@ def make_lock(
     ``endpoint_code``: the fingerprint of the code that computes the endpoints, recorded as
     ``endpoints.code`` (a study with endpoints). The plan's ``measured`` seconds (different on
     every machine) stay out of the lock.
+
+    ``rollout`` (the rollout side, :mod:`kvdiverge.io.locks`): ``settings`` from the design
+    and the spec's ``rollout.max_batch_rows``, ``code`` the spec's ``rollout.code`` (the
+    evaluation rollout jobs' fingerprint), and ``models``: per model its digests and the
+    device, dtype, kernel and libraries of its development rollouts (:func:`rollout_models`);
+    ``None`` without ``models`` (a lock no evaluation rollout can run under). ``chain``: the
+    registration's number and the previous registration's hash (:func:`register` sets it).
     """
     design = dict(spec["design"])
     setting = design.pop("K")
@@ -230,11 +316,19 @@ def make_lock(
     endpoints = spec["endpoints"]
     if endpoints is not None and endpoint_code is not None:
         endpoints = {**endpoints, "code": endpoint_code}
+    rollout_spec = spec.get("rollout") or {}
+    rollout = None
+    if models is not None:
+        settings = {k: design.get(k) for k in ROLLOUT_SETTINGS if k != "max_batch_rows"}
+        settings["max_batch_rows"] = rollout_spec.get("max_batch_rows")
+        rollout = {"settings": settings, "code": rollout_spec.get("code"), "models": models}
     lock = {
         "study": spec["study"],
         "design": {**design, "K_setting": setting, "K": resolved},
         "endpoints": endpoints,
         "plan": {k: v for k, v in plan.items() if k != "measured"},
+        "rollout": rollout,
+        "chain": dict(chain) if chain is not None else None,
     }
     # through JSON, so that a lock compares equal to the same lock read back from its file
     lock = json.loads(json.dumps(lock, allow_nan=False))
@@ -249,16 +343,25 @@ def make_amendment(spec: Mapping[str, Any], study_lock: Mapping[str, Any]) -> di
             f"group {spec['group']!r} of study {spec['study']!r}: the study lock given is "
             f"study {study_lock['study']!r}'s"
         )
+    design = dict(spec["design"])
+    rollout_spec = spec.get("rollout") or {}
+    registered = study_lock.get("rollout")
+    rollout = (
+        {**registered, "code": rollout_spec.get("code", registered.get("code"))}
+        if registered
+        else None
+    )
     lock = {
         "study": spec["study"],
         "group": spec["group"],
         "study_lock": study_lock["hash"],
         "design": {
-            **spec["design"],
+            **design,
             "K_setting": study_lock["design"]["K_setting"],
             "K": study_lock["design"]["K"],
         },
         "endpoints": spec["endpoints"],
+        "rollout": rollout,
     }
     lock = json.loads(json.dumps(lock, allow_nan=False))
     return {**lock, "hash": lock_hash(lock)}
@@ -318,14 +421,22 @@ def check_lock(
     ``path``: the study's lock; ``spec``: :func:`prespecified` of the current config;
     ``trajectories``: the metadata of every evaluation trajectory file, by path;
     ``amendments``: per later rollout group, the path of its amendment and its
-    :func:`prespecified_group` of the current config. Checks that the lock the config implies
-    with the locked plan is the lock at ``path`` and each amendment the one the config implies
-    with that lock (else names the first changed field, locked and now), then that every file
-    carries its group's hash (the group found from the action named in the file's metadata).
+    :func:`prespecified_group` of the current config. Checks that the lock is its history's
+    last registration (:func:`kvdiverge.io.locks.check_history`), that the lock the config
+    implies with the locked plan and rollout measurements is the lock at ``path`` and each
+    amendment the one the config implies with that lock (else names the first changed field,
+    locked and now), then that every file carries its group's hash (the group found from the
+    action named in the file's metadata) and records the settings, model digests, code,
+    kernel, device, dtype and libraries its lock registered
+    (:func:`kvdiverge.io.locks.check_trajectory`).
     """
     lock = read_lock(path)
+    check_history(lock, path)
     code = (lock["endpoints"] or {}).get("code")
-    now = make_lock(spec, lock["plan"], lock["design"].get("documents"), code)
+    models = (lock["rollout"] or {}).get("models") if lock["rollout"] else None
+    now = make_lock(
+        spec, lock["plan"], lock["design"].get("documents"), code, models, lock["chain"]
+    )
     _check_unchanged(path, lock, now, LOCK_FIELDS)
     if code is not None and endpoint_code is not None and endpoint_code != code:
         raise PrespecificationError(
@@ -333,7 +444,7 @@ def check_lock(
             f"(fingerprint {endpoint_code}, registered {code}); restore it, or register anew: "
             f"delete {path} and rerun the workflow (docs/prespecification.md)"
         )
-    under = {name: (path, lock["hash"]) for name in lock["design"]["actions"]}
+    under = {name: (path, lock) for name in lock["design"]["actions"]}
     for group_path, group_spec in (amendments or {}).values():
         amendment = read_lock(group_path)
         if "group" not in amendment:
@@ -342,60 +453,36 @@ def check_lock(
             )
         now = make_amendment(group_spec, lock)
         _check_unchanged(group_path, amendment, now, AMENDMENT_FIELDS)
-        under.update({name: (group_path, amendment["hash"]) for name in now["design"]["actions"]})
+        under.update({name: (group_path, amendment) for name in now["design"]["actions"]})
     for file, meta in trajectories.items():
         carried = meta.get("lock")
         action = (meta.get("action") or {}).get("name")
-        lock_path, wanted = under.get(action, (path, lock["hash"]))
-        if carried != wanted:
+        lock_path, group_lock = under.get(action, (path, lock))
+        if carried != group_lock["hash"]:
             carrier = f"lock {carried}" if carried else "no lock"
             raise PrespecificationError(
-                f"{file}: rolled out under {carrier}, but its lock {lock_path} is {wanted}; "
-                f"{_RERUN}"
+                f"{file}: rolled out under {carrier}, but its lock {lock_path} is "
+                f"{group_lock['hash']}; {redo(file)}"
             )
+        check_trajectory(file, meta, group_lock, lock_path)
     return lock
 
 
-def history_path(lock_path: str | os.PathLike) -> Path:
-    """The registration history beside a lock (:data:`HISTORY_NAME`)."""
-    return Path(lock_path).with_name(HISTORY_NAME)
-
-
-def read_history(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every registration of a history file, oldest first (none when it does not exist); a
-    line that is not a registration is one line naming the file and line."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    entries = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PrespecificationError(
-                f"{path}:{number}: not a registration ({exc.msg}); the history is append-only, "
-                f"restore the line"
-            ) from exc
-        if not isinstance(entry, dict) or not {"number", "time", "reason", "lock"} <= set(entry):
-            raise PrespecificationError(
-                f"{path}:{number}: not a registration (expected number, time, reason, lock)"
-            )
-        entries.append(entry)
-    return entries
+_CONTENT = tuple(k for k in LOCK_FIELDS if k != "chain")
+_CAUSES = ("rollout", "design", "endpoints", "study", "plan")  # what a change is named by
 
 
 def _reason(previous: Mapping[str, Any] | None, lock: Mapping[str, Any]) -> str:
+    """The first field that changed since ``previous``, looked for in the order of
+    :data:`_CAUSES`: a change of the rollouts or the design, not the plan it re-made."""
     if previous is None:
         return "first registration"
-    if previous.get("hash") == lock["hash"]:
-        return "registered again unchanged (same hash: the same evaluation trajectories)"
-    changed = first_difference(
-        {k: previous.get(k) for k in LOCK_FIELDS}, {k: lock[k] for k in LOCK_FIELDS}
-    )
-    if changed is None:
-        return "registered again"
-    field, was, now = changed
-    return f"{field} changed (was {_short(was)}, now {_short(now)})"
+    for key in _CAUSES:
+        changed = first_difference({key: previous.get(key)}, {key: lock[key]})
+        if changed is not None:
+            field, was, now = changed
+            return f"{field} changed (was {_short(was)}, now {_short(now)})"
+    return "registered again"
 
 
 def register(
@@ -403,32 +490,63 @@ def register(
     lock_path: str | os.PathLike,
     reason: str | None = None,
     time: datetime | None = None,
+    evaluation_files: Sequence[str | os.PathLike] = (),
 ) -> dict[str, Any]:
-    """Append ``lock``'s registration to the history beside ``lock_path`` (append-only: the
-    earlier lines are kept as they are) and return the lock with its ``registration``:
-    ``number`` (1 for the first), ``earlier`` (registrations before it), ``time`` (UTC),
-    ``reason`` (by default the first field that changed since the previous registration) and
-    ``history`` (the file). The registration is not hashed: registering unchanged content
-    again keeps the hash and so the evaluation seed."""
-    path = history_path(lock_path)
-    history = read_history(path)
-    previous = history[-1]["lock"] if history else None
-    stamp = (time or datetime.now(UTC)).isoformat(timespec="seconds")
-    entry = {
-        "number": len(history) + 1,
-        "time": stamp,
-        "reason": reason or _reason(previous, lock),
-        "hash": lock["hash"],
-        "lock": {k: lock[k] for k in (*LOCK_FIELDS, "hash")},
-    }
-    before = path.read_text(encoding="utf-8") if path.exists() else ""
-    if before and not before.endswith("\n"):
-        before += "\n"
-    line = json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    atomic_write_text(path, before + line + "\n")
-    registration = {k: entry[k] for k in ("number", "time", "reason")}
-    registration.update(earlier=len(history), history=str(path))
-    return {**lock, "registration": registration}
+    """Register ``lock``'s content (a :func:`make_lock`; its ``chain`` is set here) in the
+    history beside ``lock_path`` and write the lock there; return it with its
+    ``registration``: ``number`` (1 for the first), ``earlier`` (registrations before it),
+    ``time`` (UTC), ``reason`` (by default the first field that changed since the previous
+    registration) and ``history`` (the file).
+
+    Under the history's OS file lock (:func:`kvdiverge.io.locks.history_locked`), so that
+    concurrent writers keep every entry: the history is read and its chain checked
+    (:func:`kvdiverge.io.locks.check_chain`); content equal to the last registration's is that
+    registration again (its lock, hash and evaluation seed: nothing is appended); other
+    content is appended as the next registration, its hashed ``chain`` naming its number and
+    the previous registration's hash (append-only: the earlier lines are kept as they are). A
+    first registration while any of ``evaluation_files`` (the study's evaluation trajectory
+    files) exists is refused in one line: their history was erased."""
+    content = {k: lock[k] for k in _CONTENT}
+    with history_locked(lock_path) as path:
+        history = read_history(path)
+        check_chain(path, history)
+        existing = [str(f) for f in evaluation_files if os.path.exists(f)]
+        if not history and existing:
+            more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
+            raise PrespecificationError(
+                f"{path}: no registration history, but evaluation trajectories of the study "
+                f"exist ({existing[0]}{more}): the history was erased; it is append-only and "
+                f"cannot be rebuilt: restore it, or start the study over by deleting "
+                f"{Path(lock_path).parent} (its lock, history and evaluation trajectories)"
+            )
+        previous = history[-1]["lock"] if history else None
+        if previous is not None and {k: previous[k] for k in _CONTENT} == content:
+            last = history[-1]
+            registered = {**previous}
+            registration = {k: last[k] for k in ("number", "time", "reason")}
+            registration.update(earlier=len(history) - 1, history=str(path))
+        else:
+            chain = {"number": len(history) + 1, "previous": previous["hash"] if previous else None}
+            registered = {**content, "chain": chain}
+            registered["hash"] = lock_hash(registered)
+            stamp = (time or datetime.now(UTC)).isoformat(timespec="seconds")
+            entry = {
+                "number": chain["number"],
+                "time": stamp,
+                "reason": reason or _reason(previous, registered),
+                "hash": registered["hash"],
+                "lock": registered,
+            }
+            before = path.read_text(encoding="utf-8") if path.exists() else ""
+            if before and not before.endswith("\n"):
+                before += "\n"
+            line = json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False)
+            atomic_write_text(path, before + line + "\n")
+            registration = {k: entry[k] for k in ("number", "time", "reason")}
+            registration.update(earlier=len(history), history=str(path))
+        out = {**registered, "registration": registration}
+        write_lock(out, lock_path)
+    return out
 
 
 def registration_line(lock: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 import polars as pl
 import torch
 
+from kvdiverge.engine.kernels import kernel_choices
 from kvdiverge.engine.rollout_job import job_actions, load_checked_job
 from kvdiverge.engine.swrb_rollout import swrb_rollout_document, swrb_temperature_problem
 from kvdiverge.eviction import ActionSpec, parse_action, run_prefill
@@ -178,6 +179,7 @@ def run_swrb_job(
                 "temperature": temperature,
                 "dtype": str(lm.dtype).removeprefix("torch."),
                 "device": str(lm.device),
+                "kernel": kernel_choices(),  # which kernel each attention layout ran
                 "eos_ids": list(job.eos_ids),
                 "n_documents": frame["doc_id"].n_unique(),
                 "documents": job.documents_record,

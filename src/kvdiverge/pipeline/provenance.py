@@ -8,6 +8,8 @@ of the code (docstrings, comments and blank lines left out: :func:`code_text`) o
 anything. Editing a module's code reruns exactly the rules whose scripts reach it; nobody keeps
 a list by hand. A rollout job's fingerprint covers only the selectors its actions use
 (``selectors=``), so adding a method reruns no other job (``docs/architecture.md``, "Reruns").
+A native source beside a reached module (a kernel's C file, :func:`native_sources`) is hashed
+too: the module that compiles and loads it sits in its folder.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "imported_modules",
     "module_file",
     "module_fingerprint",
+    "native_sources",
     "script_fingerprint",
     "selector_code",
 ]
@@ -288,16 +291,43 @@ def script_fingerprint(*entries: str | os.PathLike, selectors: Iterable[str] | N
     editing or adding one selector changes only the fingerprints of the jobs that use it.
     """
     digest = hashlib.sha256()
-    for name in imported_modules(entries):
+    modules = imported_modules(entries)
+    for name in modules:
         source = module_file(name).read_text(encoding="utf-8")
         if selectors is not None:
             source = _without_registered_classes(source)
         digest.update(name.encode() + b"\0")
         digest.update(code_text(source).encode())
+    for path in native_sources(modules):
+        digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0")
+        digest.update(path.read_bytes())
     for selector in sorted(set(selectors or ())):
         digest.update(selector.encode() + b"\0")
         digest.update(selector_code(selector).encode())
     return digest.hexdigest()[:16]
+
+
+NATIVE_SUFFIXES = (".c", ".h", ".cc", ".cpp", ".cu", ".cuh")
+"""Native source files that a module beside them may compile and load (a kernel)."""
+
+
+def native_sources(modules: Iterable[str]) -> list[Path]:
+    """The native sources (:data:`NATIVE_SUFFIXES`) in the folder of each module of
+    ``modules`` (a package's ``__init__`` excepted: a kernel is loaded by a module beside its
+    source), sorted: what :func:`script_fingerprint` hashes, byte for byte, beside the Python
+    code, so an edit of a kernel's C source reruns every rule whose script reaches the module
+    that builds it, and no other."""
+    folders = {
+        module_file(name).parent
+        for name in modules
+        if module_file(name) is not None and module_file(name).name != "__init__.py"
+    }
+    return sorted(
+        path
+        for folder in folders
+        for path in folder.iterdir()
+        if path.suffix in NATIVE_SUFFIXES and path.is_file()
+    )
 
 
 @_disk_cached(encode=str, decode=str)

@@ -64,17 +64,20 @@ def prediction_settings():
 def prespecified_amendment(wildcards):
     """What the config fixes for a later rollout group before its evaluation rollouts, the
     study lock aside (kvdiverge.analysis.prespecification.prespecified_group)."""
-    return prespecified_group(
-        config, wildcards.study, wildcards.group, rollout_actions(wildcards.study)
-    )
+    study, group = wildcards.study, wildcards.group
+    code = rollout_code(study, rollout_script("evaluation"), group)
+    return prespecified_group(config, study, group, rollout_actions(study), code)
 
 
 def prespecified_amendments(wildcards):
     """prespecified_amendment of every later rollout group of the study, by group."""
-    actions = rollout_actions(wildcards.study)
+    study, actions = wildcards.study, rollout_actions(wildcards.study)
+    script = rollout_script("evaluation")
     return {
-        group: prespecified_group(config, wildcards.study, group, actions)
-        for group in later_groups(wildcards.study)
+        group: prespecified_group(
+            config, study, group, actions, rollout_code(study, script, group)
+        )
+        for group in later_groups(study)
     }
 
 
