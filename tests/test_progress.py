@@ -56,7 +56,7 @@ def test_plain_lines_in_a_file_with_rate_and_eta_and_no_carriage_return():
     # the first step, every 5 s, each batch's last step; a line per finished prompt
     steps = [line for line in lines if line.startswith("decode steps:")]
     assert steps == [
-        "decode steps: 1/16 [00:01<00:15,  1.00step/s] (batch 1/2, step 1/8)",
+        "decode steps: 1/16 (batch 1/2, step 1/8) after 1.0 s of prefill and selection",
         "decode steps: 6/16 [00:06<00:10,  1.00step/s] (batch 1/2, step 6/8)",
         "decode steps: 8/16 [00:08<00:08,  1.00step/s] (batch 1/2, step 8/8)",
         "decode steps: 13/16 [00:13<00:03,  1.00step/s] (batch 2/2, step 5/8)",

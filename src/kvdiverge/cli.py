@@ -50,13 +50,23 @@ def _parser() -> argparse.ArgumentParser:
             "accuracy table and figure into --out."
         ),
     )
-    compare.add_argument("--model", required=True, help="model folder (or a cached hub id)")
+    compare.add_argument("--model", help="model folder (or a cached hub id; required)")
     compare.add_argument(
         "--prompts",
-        required=True,
-        help="JSONL or Parquet file of records: prompt, answers, optional id, task, context",
+        help="JSONL or Parquet file of records: prompt, answers, optional id, task, context "
+        "(or --tasks)",
     )
-    compare.add_argument("--actions", required=True, help=_ACTIONS_HELP)
+    compare.add_argument(
+        "--tasks",
+        help="named task suites instead of --prompts: SUITE:TASK items, e.g. "
+        "ruler:niah_single_1,ruler:vt,helmet:kilt_nq, built by the package's own generators at "
+        "the model's tokenization with their answers; 'list' prints every suite and task",
+    )
+    compare.add_argument(
+        "--context", type=int, help="with --tasks: tokens per prompt plus H generated tokens"
+    )
+    compare.add_argument("--limit", type=int, help="with --tasks: documents per task (default 12)")
+    compare.add_argument("--actions", help=_ACTIONS_HELP + " (required)")
     compare.add_argument(
         "--baseline",
         help="the action every other one is contrasted against: a label of --actions or an "
@@ -194,15 +204,27 @@ class _FetchError(ValueError):
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from kvdiverge.compare import compare
+    from kvdiverge.compare import CompareError, compare
     from kvdiverge.compare.actions import add_cwd_to_path
     from kvdiverge.compare.folder import default_out
 
+    if args.tasks == "list":
+        from kvdiverge.compare.tasks import task_list
+
+        print(task_list())
+        return 0
+    if args.actions is None:
+        raise CompareError("--actions: required (comma-separated actions)")
+    if args.model is None:
+        raise CompareError("--model: required (a model folder or a cached hub id)")
     add_cwd_to_path([*args.actions.split(","), *([args.baseline] if args.baseline else [])])
     result = compare(
         args.model,
         args.prompts,
         args.actions,
+        tasks=args.tasks,
+        context=args.context,
+        limit=args.limit,
         baseline=args.baseline,
         budgets=args.budgets,
         K=args.K,

@@ -27,6 +27,7 @@ __all__ = [
     "prompt_documents",
     "name_user_prompt",
     "prompts_file",
+    "user_documents",
     "user_keys",
     "window_hint",
 ]
@@ -198,3 +199,23 @@ def window_hint(action: LabelledAction, lengths: Sequence[int]) -> str:
         return ""
     w = 1 << (fits.bit_length() - 1)
     return f"; a window of at most {fits} tokens fits every prompt: e.g. {action.spec}+window={w}"
+
+
+def user_documents(
+    prompts: Any, H: int, metric: str, length_fn: Callable[[str], int]
+) -> tuple[pl.DataFrame, pl.DataFrame, Path | str]:
+    """The user's prompts (a file, records or a DataFrame) as documents, their keys
+    (:func:`user_keys`) and their source for messages (the file, or "the records given");
+    errors name a record given in Python as ``record N``."""
+    with tempfile.TemporaryDirectory(prefix="kvdiverge-prompts-") as scratch:
+        path = prompts_file(prompts, Path(scratch))
+        try:
+            documents, records = prompt_documents(path, H, metric, length_fn)
+        except CompareError as exc:
+            if isinstance(prompts, str | os.PathLike):
+                raise
+            message = str(exc).replace(f"{path}, line ", "prompts, record ")
+            raise CompareError(message.replace(str(path), "prompts")) from None
+        keys = user_keys(documents, records, path)
+    source = path if isinstance(prompts, str | os.PathLike) else "the records given"
+    return documents, keys, source

@@ -48,10 +48,15 @@ from kvdiverge.compare.inputs import (
     check_numbers,
     check_prompt_records,
     name_user_prompt,
-    prompt_documents,
-    prompts_file,
-    user_keys,
+    user_documents,
     window_hint,
+)
+from kvdiverge.compare.tasks import (
+    TaskSuite,
+    check_task_numbers,
+    parse_tasks,
+    task_documents,
+    task_keys,
 )
 from kvdiverge.pipeline.progress import RolloutProgress, quiet_library_bars
 
@@ -179,6 +184,9 @@ def compare(
     max_batch_rows: int = 192,
     log: Callable[[str], None] | None = None,
     quiet: bool = False,
+    tasks: str | Sequence[str] | None = None,
+    context: int | None = None,
+    limit: int | None = None,
 ) -> CompareResult:
     """Run a small study of ``actions`` on ``prompts`` with ``model`` (module docstring).
 
@@ -199,6 +207,9 @@ def compare(
     failure is one :class:`CompareError` line, and nothing is written. Messages and live
     progress (by prompt and by decode step, with rate and ETA) go to stderr, or to ``log``
     (one line per call, never a carriage return) when given; ``quiet``: neither.
+    ``tasks`` (with ``prompts`` None): named task suites instead of a prompts file,
+    ``ruler:niah_single_1,ruler:vt``, fitted to ``context`` tokens, ``limit`` documents per
+    task, each scored by its suite's metric (:mod:`kvdiverge.compare.tasks`).
 
     Files in ``out``: :func:`planned_files`.
     """
@@ -208,7 +219,7 @@ def compare(
     check_numbers(K, H, draws, level, temperature)
     if metric not in METRICS:
         raise CompareError(f"--metric: expected one of {', '.join(METRICS)}, got {metric!r}")
-    check_prompt_records(prompts)  # a bad record is one line before torch is imported
+    suite = _check_source(prompts, tasks, context, limit, H)
     swept_budgets = parse_budgets(budgets)
     labelled, base = with_baseline(parse_actions(actions), baseline)
     if base is not None and len(labelled) < 2:
@@ -243,17 +254,15 @@ def compare(
         return len(chat_prompt_ids(tokenizer, prompt))
 
     max_positions = info.get("max_positions") if info else None
-    with tempfile.TemporaryDirectory(prefix="kvdiverge-prompts-") as scratch:
-        path = prompts_file(prompts, Path(scratch))
-        try:
-            documents, records = prompt_documents(path, H, metric, length_fn)
-        except CompareError as exc:
-            if isinstance(prompts, str | os.PathLike):
-                raise
-            message = str(exc).replace(f"{path}, line ", "prompts, record ")
-            raise CompareError(message.replace(str(path), "prompts")) from None
-        keys = user_keys(documents, records, path)
-    source = path if isinstance(prompts, str | os.PathLike) else "the records given"
+    if suite is not None:
+        n = 12 if limit is None else limit
+        documents, metric_of = task_documents(
+            suite, context, n, H, length_fn, seed, f"{Path(str(model)).name}'s chat template"
+        )
+        keys, source = task_keys(documents), f"--tasks {suite.text}"
+    else:
+        documents, keys, source = user_documents(prompts, H, metric, length_fn)
+        metric_of = None
     lengths = documents["n_tokens"].to_list()
     shown = [name_user_prompt(f"doc_id {d!r}", keys) for d in documents["doc_id"].to_list()]
     swept = [a for a in labelled if a.label in sweep]
@@ -286,8 +295,36 @@ def compare(
         model, prompts, labelled, base, sweep, pairs, documents, keys, tokenizer, root, progress,
         K=K, H=H, temperature=temperature, seed=seed, draws=draws, level=level, metric=metric,
         device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-        max_batch_rows=max_batch_rows, say=say,
+        max_batch_rows=max_batch_rows, say=say, metric_of=metric_of,
     )  # fmt: skip
+
+
+def _check_source(
+    prompts: Any, tasks: Any, context: int | None, limit: int | None, H: int
+) -> TaskSuite | None:
+    """Exactly one of ``prompts`` and ``tasks``, checked without a model: the prompts' records
+    (a bad one is one line before torch is imported), or the task suites with ``context``
+    and ``limit``; returns the suites (None for prompts)."""
+    if tasks is None:
+        if prompts is None:
+            raise CompareError("--prompts: expected a prompts file (or --tasks SUITE:TASK,...)")
+        if context is not None or limit is not None:
+            raise CompareError("--context and --limit go with --tasks, not with --prompts")
+        check_prompt_records(prompts)
+        return None
+    if prompts is not None:
+        raise CompareError("--tasks: expected either --prompts or --tasks, not both")
+    if context is None:
+        raise CompareError("--tasks: expected --context TOKENS (the prompt plus H tokens)")
+    suite = parse_tasks(tasks)
+    check_task_numbers(context, 12 if limit is None else limit, H)
+    return suite
+
+
+def _metric_name(documents: pl.DataFrame) -> str:
+    """The accuracy metric as sentences name it: one metric, or "each task's metric (...)"."""
+    metrics = sorted(set(documents["metric"].to_list()))
+    return metrics[0] if len(metrics) == 1 else f"each task's metric ({', '.join(metrics)})"
 
 
 def documents_digest(documents: pl.DataFrame) -> str:
@@ -365,6 +402,7 @@ def _run(
     trust_remote_code: bool,
     max_batch_rows: int,
     say: Callable[[str], None],
+    metric_of: Callable[[str, str], str] | None = None,
 ) -> CompareResult:
     """The rollouts, the analysis and the files of :func:`compare`, once every input is checked."""
     from kvdiverge.analysis.accuracy import (
@@ -400,6 +438,7 @@ def _run(
         write_table,
     )
     from kvdiverge.tables.generations import generations_table, write_generations
+    from kvdiverge.tables.headline import headline_table, render_headline_markdown
     from kvdiverge.tables.metrics import write_metrics
 
     names = [a.label for a in labelled]
@@ -478,7 +517,7 @@ def _run(
         .select("action", "t", "value", "ci_low", "ci_high", "ci_level", "n_docs")
         .sort("action", "t")
     )
-    with_metrics = document_metrics(documents, lambda stratum, task: metric)
+    with_metrics = document_metrics(documents, metric_of or (lambda stratum, task: metric))
     depth = timing_depth(H)
     acc_stats = accuracy_document_stats(
         {a: [frames[a]] for a in names}, with_metrics, tokenizer, depth
@@ -492,9 +531,11 @@ def _run(
     table, summary = (None, "")
     if base is not None:
         table, summary = baseline_contrasts(
-            estimands, stats, acc_stats, names, pairs, H=H, metric=metric,
+            estimands, stats, acc_stats, names, pairs, H=H, metric=_metric_name(with_metrics),
             draws=draws, seed=seed, level=level, temperature=temperature,
         )  # fmt: skip
+        head = render_headline_markdown(headline_table(estimands, accuracy, names))
+        summary = f"# Each action\n\n{head}\n{summary}"
     by_budget = None
     if sweep and table is not None:
         kept = {a: float(f.group_by("doc_id").agg(pl.col("n_kept").first())["n_kept"].mean())

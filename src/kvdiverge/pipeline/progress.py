@@ -131,6 +131,13 @@ class RolloutProgress:
                 self._step_bar.total = self.total_steps
             self._step_bar.update(moved)
             return
+        if self.last_line == -float("inf"):  # the first line: decoding has begun
+            self.last_line = now
+            self.write(
+                f"decode steps: {self.steps}/{self.total_steps} (batch {batch + 1}/{batches}, "
+                f"step {t}/{H}) after {now - self.start:.1f} s of prefill and selection"
+            )
+            return
         if now - self.last_line >= self.interval or t == H:
             self.last_line = now
             since, first = self.first_step  # the rate from the steps after the first

@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from kvdiverge.analysis.bootstrap import percentile_interval, stratified_bootstrap_weights
+from kvdiverge.tables.headline import accuracy_resolution
 
 __all__ = [
     "CONTRAST_COLUMNS",
@@ -298,7 +299,11 @@ def action_sentences(
             f"{when}."
         )
     else:
-        out.append(f"The mean entry time is undefined: {action} or {baseline} never diverges here.")
+        never = [a for a, v in ((action, p["action_value"]), (baseline, p["baseline_value"]))
+                 if v == 0]  # fmt: skip
+        who = " and ".join(never) if never else f"{action} or {baseline}"
+        verb = "never diverge" if len(never) > 1 else "never diverges"
+        out.append(f"The mean entry time is undefined: {who} {verb} within H = {H} steps here.")
     r = by["R_smc"]
     other = f"{baseline}'s ({r['baseline_value']:.3f})"
     gap = _directed(r["value"], r["ci_low"], r["ci_high"], ("higher", "lower", ""), other, 3)
@@ -354,7 +359,8 @@ def contrast_sentences(
         "",
         f"{n_docs} {unit}, H = {H} generated tokens, {decoding}; brackets are paired "
         f"{100 * level:g}% document-bootstrap intervals of the difference."
-        + (f" {GREEDY_NOTE}" if temperature == 0 else ""),
+        + (f" {GREEDY_NOTE}" if temperature == 0 else "")
+        + (f" {note}" if (note := accuracy_resolution(table, n_docs)) else ""),
         "",
     ]
     for (action, baseline), rows in table.group_by(["action", "baseline"], maintain_order=True):
