@@ -27,6 +27,7 @@ from kvdiverge.engine.memory_plan import (
     usable_bytes,
 )
 from kvdiverge.engine.preflight import PreflightError
+from kvdiverge.engine.roofline import Device, decode_step_seconds, prefill_seconds
 from kvdiverge.eviction import parse_action
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,17 +114,37 @@ def test_auto_below_one_document_and_the_refusal_line():
         check_fits(plan_job(*_job(shape, budget=4096)), 80 * GB, 4096, "study1/x")
 
 
-@pytest.mark.parametrize("budget", [448, "auto"])
+@pytest.mark.parametrize("budget", [None, "auto"])
 def test_paper_config_fits_an_80_gb_card(budget):
     """Every rollout job of configs/paper.yaml (both models' published shapes, every stratum at
-    its length bound, both stages) fits 80 GB, as configured and with ``auto``."""
+    its length bound, both stages) fits 80 GB, as configured (two study-1 documents with their
+    controls per call: 24 batches for 48 documents) and with ``auto``."""
     config = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
-    config["rollout"]["max_batch_rows"] = budget
+    if budget is not None:
+        config["rollout"]["max_batch_rows"] = budget
     rows = plan_config(config, 80)
     assert len(rows) == 2 * 2 * 2 * 6  # models × studies × stages × strata
     assert all(r["plan"].peak <= usable_bytes(80 * GB) for r in rows)
     table = format_plan(rows, 80)
     assert table.count("| yes |") == len(rows) and "| NO |" not in table
+    if budget is None:
+        study1 = [r["plan"] for r in rows if r["job"].startswith("study1/eval/")]
+        assert {p.batches for p in study1} == {24} and {max(p.rows) for p in study1} == {908}
+
+
+def test_roofline_step_and_prefill_by_hand():
+    """The roofline's step: max(bytes / bandwidth, operations / rate), written out."""
+    shape = ModelShape.from_config(_small(KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]))
+    device = Device("test", 1e12, 1e11)
+    P, L, Hq, d, Hkv, b = shape.parameters(), 2, 32, 128, 8, 2
+    n, keep, rows, t = 4000, 400, 10, 5  # one gathered part (10% kept), one masked action
+    moved = P * b + 2 * L * Hkv * d * b * (n + keep + rows * t)
+    flops = 2 * P * rows + 4 * L * Hq * d * rows * (n + t)
+    step = decode_step_seconds(shape, [n], [[keep, n // 2, n]], rows, t, device)
+    assert step == pytest.approx(max(moved / 1e11, flops / 1e12), rel=1e-12)
+    assert prefill_seconds(shape, n, device) == pytest.approx(
+        (2 * P * n + 2 * L * Hq * d * n * n) / 1e12, rel=1e-12
+    )
 
 
 MEASURE = r"""

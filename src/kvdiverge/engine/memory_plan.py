@@ -191,6 +191,7 @@ class JobPlan:
     rows: list[int]
     peak: float
     parts: dict[str, float]
+    documents: tuple[tuple[int, ...], ...] = ()  # each batch's documents
 
     @property
     def peak_gb(self) -> float:
@@ -263,9 +264,10 @@ def plan_job(
     reps = [[list(range(g[1])) for g in groups] for _ in lengths]
     batches = plan_batches(per, reps, max_batch_rows)
     best: dict[str, float] = {}
-    rows = []
+    rows, documents = [], []
     for batch in batches:
         docs = sorted({p.doc for p in batch})
+        documents.append(tuple(docs))
         n_rows = sum(p.rows for p in batch)
         rows.append(n_rows)
         parts = batch_peak(
@@ -280,7 +282,7 @@ def plan_job(
         )
         if sum(parts.values()) > sum(best.values()):
             best = parts
-    return JobPlan(max_batch_rows, len(batches), rows, sum(best.values()), best)
+    return JobPlan(max_batch_rows, len(batches), rows, sum(best.values()), best, tuple(documents))
 
 
 def usable_bytes(device_bytes: float) -> float:
