@@ -198,3 +198,28 @@ def test_a_selector_changing_the_default_dtype_is_one_line_and_restored(model, i
         "torch.float32 to torch.float64; expected a selector to leave global torch settings "
         "unchanged (pass dtype= to the tensors it creates)"
     )
+
+
+def test_a_rollout_job_refuses_a_non_deterministic_selector_and_writes_nothing(tmp_path):
+    """In the pipeline's rollout job: the first document's selection is made twice, before any
+    decoding, and the difference stops the job (the job's process has not seen the selector)."""
+    from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
+
+    documents = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
+    actions = {
+        "full": {"selector": "full"},
+        "mine": {"selector": "reliability_helpers:Unseeded", "budget": 0.5},
+    }
+    cohorts = {"full": {"dev": 1}, "mine": {"dev": 1}}
+    out = {name: tmp_path / "out" / f"{name}.parquet" for name in actions}
+    model = {"name": "tiny-llama", "path": str(MODEL)}
+    with pytest.raises(ActionError) as info:
+        run_stratum_rollout_job(
+            documents, out, model, actions, cohorts, RolloutSettings(H=4, seed=1),
+            device="cpu", resume_key="test",
+        )  # fmt: skip
+    assert one_line(info).startswith(
+        f"{where('Unseeded')}: positions returned different kept positions when called twice"
+    )
+    written = [p for p in (tmp_path / "out").rglob("*") if p.is_file() and p.name != "key.json"]
+    assert written == []
