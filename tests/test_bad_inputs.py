@@ -248,10 +248,14 @@ CONFIG_CASES = {
     ),
     "H too small for the analysis clock": (
         _set("rollout.H", 2),
-        "config.analysis.clock.window: at rollout.H = 2, window must lie in "
-        "1..branch_depth/2 = 0, got 1",
+        "config.rollout.H: 2 is too short for the analysis clock: analysis.clock.window 0.125 "
+        "(a fraction of H) makes 1 step, and window must lie in 1..branch_depth/2 = 0; "
+        "expected rollout.H >= 4, or another analysis.clock.window",
     ),
-    "H of one step": (_set("rollout.H", 1), "config.rollout.H: at rollout.H = 1, H must be"),
+    "H of one step": (
+        _set("rollout.H", 1),
+        "config.rollout.H: 1 is too short for the analysis clock: H must be at least 2",
+    ),
     # budgets against the strata's prompt lengths
     "absolute budget above every prompt": (
         _stratum("512", 512),
@@ -933,8 +937,9 @@ DRY_RUN_CASES = {
     ),
     "H too small for the analysis clock": (
         {"rollout": {"H": 2}},
-        "config.analysis.clock.window: at rollout.H = 2, window must lie in "
-        "1..branch_depth/2 = 0, got 1",
+        "config.rollout.H: 2 is too short for the analysis clock: analysis.clock.window 0.125 "
+        "(a fraction of H) makes 1 step, and window must lie in 1..branch_depth/2 = 0; "
+        "expected rollout.H >= 4, or another analysis.clock.window",
     ),
     "cohort of size 0": (
         {"datasets": {"cohorts": {"study2": 0}}},
