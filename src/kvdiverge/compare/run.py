@@ -428,6 +428,7 @@ def _run(
     from kvdiverge.engine.settings import RolloutSettings
     from kvdiverge.eviction import ActionError
     from kvdiverge.models import DeviceError, eos_token_ids, load_model
+    from kvdiverge.models.checks import model_vocab_size
     from kvdiverge.plots.accuracy import write_accuracy_figure
     from kvdiverge.plots.base import save_figure
     from kvdiverge.plots.study import action_styles, plot_divergence_cdf
@@ -483,6 +484,7 @@ def _run(
         "dtype": str(lm.dtype).removeprefix("torch."),
         "device": str(lm.device),
         "eos_ids": list(eos),
+        "vocab_size": model_vocab_size(lm),  # every token id lies below it (kvdiverge.io.roles)
     }
     files: dict[str, Path] = {}
     planned = planned_files(labelled, base, bool(sweep))
