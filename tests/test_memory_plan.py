@@ -233,3 +233,26 @@ def test_estimate_within_15_percent_of_the_measured_peak(config, actions, K, H, 
     plan = plan_job(shape, lengths, kept, list(actions), K, 2, "full", H, rows, 64, packed=True)
     estimate = plan.peak - plan.parts["weights"]
     assert abs(estimate / measured - 1) <= 0.15, (estimate / 1e6, measured / 1e6, plan.parts)
+
+
+def test_job_check_before_the_model_loads():
+    """A job's own documents, actions and replicates: refused in one line when the plan's peak
+    exceeds the device's whole memory; planned (not refused) when it fits; no plan for a model
+    whose shape is unknown, and none on a CPU."""
+    from kvdiverge.engine.memory_plan import check_device_memory, check_job_memory
+
+    model = {"name": "llama", "path": "meta-llama/Llama-3.1-8B-Instruct"}
+    specs = {name: parse_action(a, name=name) for name, a in STUDY1.items()}
+    cohorts = {name: {"study1": 2 if name == "full" else 64} for name in STUDY1}
+    lengths = [32000, 31000, 30500]
+    plan = check_job_memory(model, specs, cohorts, lengths, 128, 908, 80 * GB, "llama")
+    assert plan.batches == 2 and plan.rows == [908, 454]
+    with pytest.raises(PreflightError) as info:
+        check_job_memory(model, specs, cohorts, lengths, 128, 908, 40 * GB, "llama/ruler-32k")
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("rollout.max_batch_rows: 908: job llama/ruler-32k")
+    assert "but the device holds 40.0 GB" in line
+    unknown = {"name": "x", "path": "org/unknown-model"}
+    assert check_job_memory(unknown, specs, cohorts, lengths, 128, 908, 1.0) is None
+    if not torch.cuda.is_available():
+        assert check_device_memory(model, specs, cohorts, lengths, 128, 908, "auto") is None

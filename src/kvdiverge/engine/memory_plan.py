@@ -28,6 +28,7 @@ fits when it is at most :data:`USABLE_FRACTION` of the device's memory less
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,9 @@ __all__ = [
     "ModelShape",
     "auto_batch_rows",
     "batch_peak",
+    "check_device_memory",
     "check_fits",
+    "check_job_memory",
     "decode_bytes",
     "format_plan",
     "kv_bytes",
@@ -55,6 +58,8 @@ __all__ = [
     "prefill_bytes",
     "row_cache_bytes",
 ]
+
+log = logging.getLogger(__name__)
 
 GB = 1e9
 USABLE_FRACTION = 0.92  # of a device's memory: the rest for the allocator's fragmentation
@@ -434,3 +439,71 @@ def plan_config(
                         plan = plan_job(*args, int(budget), window)
                     rows.append({"job": job, "n": n, "K": K, "plan": plan, "shape": shape})
     return rows
+
+
+def check_job_memory(
+    model: Mapping[str, Any],
+    specs: Mapping[str, Any],
+    cohorts: Mapping[str, Mapping[str, int]],
+    lengths: Sequence[int],
+    H: int,
+    max_batch_rows: int,
+    device_bytes: float,
+    job: str = "",
+) -> JobPlan | None:
+    """A rollout job's memory plan against its device, before the model loads: the job's
+    documents (``lengths``, the job model's own), its actions (``specs``, parsed, by name) and
+    replicates (``cohorts``: action → cohort → K; the largest K of the evaluating actions and
+    of the control). Raises :class:`PreflightError` in one line with the numbers when the peak
+    exceeds the device's whole memory (no batch of that budget can fit); a peak above the
+    usable part (:func:`usable_bytes`) is left to the engine's halving on out-of-memory. None
+    when the model's shape is unknown (:func:`model_shape`) or the job has no documents."""
+    shape = model_shape(model)
+    if shape is None or not lengths:
+        return None
+    actions = list(specs.values())
+    control = next((a.name for a in actions if a.keeps_everything), None)
+    ks = {name: max(per.values(), default=0) for name, per in cohorts.items()}
+    K = max((ks[a.name] for a in actions if a.name != control), default=0)
+    K_control = ks.get(control, 0) if control else 0
+    if K == 0:  # only the control: its replicates are the group's
+        K, control = K_control, None
+    kept = [job_kept(actions, n) for n in lengths]
+    names = [a.name for a in actions]
+    window = max((int(a.params.get("window", 0)) for a in actions), default=0)
+    plan = plan_job(shape, lengths, kept, names, K, K_control, control, H, max_batch_rows, window)
+    if plan.peak > device_bytes:
+        check_fits(plan, device_bytes, max_batch_rows, job)
+    return plan
+
+
+def check_device_memory(
+    model: Mapping[str, Any],
+    specs: Mapping[str, Any],
+    cohorts: Mapping[str, Mapping[str, int]],
+    lengths: Sequence[int],
+    H: int,
+    max_batch_rows: int | None,
+    device: str,
+) -> JobPlan | None:
+    """:func:`check_job_memory` against the job's CUDA device's whole memory, logged; nothing
+    on a CPU (``device`` ``cpu``, or no CUDA) or without ``max_batch_rows``."""
+    import torch
+
+    if max_batch_rows is None or device == "cpu" or not torch.cuda.is_available():
+        return None
+    index = torch.device(device if device.startswith("cuda") else "cuda").index
+    total = torch.cuda.get_device_properties(index or 0).total_memory
+    where = str(model.get("name") or model["path"])
+    plan = check_job_memory(model, specs, cohorts, lengths, H, max_batch_rows, total, where)
+    if plan is not None:
+        parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in plan.parts.items() if v)
+        log.info(
+            "memory plan: %.1f GB at %d rows a call (%d batches; %s GB), device %.1f GB",
+            plan.peak_gb,
+            max_batch_rows,
+            plan.batches,
+            parts,
+            total / GB,
+        )
+    return plan

@@ -22,6 +22,7 @@ import torch
 
 from kvdiverge.engine.batches import rollout_documents
 from kvdiverge.engine.kernels import kernel_choices
+from kvdiverge.engine.memory_plan import check_device_memory
 from kvdiverge.engine.settings import DocumentRollout, RolloutSettings
 from kvdiverge.eviction import ActionSpec, parse_action
 from kvdiverge.io import JobScratch, sha256_file
@@ -392,6 +393,7 @@ def load_checked_job(
     cohorts: Mapping[str, Mapping[str, int]],
     H: int,
     device: str = "auto",
+    max_batch_rows: int | None = None,
 ) -> CheckedJob:
     """Check a rollout job's model and documents, then load the model: what every rollout job
     (trajectories or SWRB records) does before its first rollout.
@@ -403,8 +405,8 @@ def load_checked_job(
     and chat template); after loading a model that is not a local folder, its template and
     window (:func:`kvdiverge.engine.preflight.check_loaded_model`). Each failure is one line naming
     the config field (``config.models.<name>.path``), the file, or the doc_id and stratum.
-    ``model``: ``path`` and optionally ``name``, ``dtype``, ``revision``,
-    ``trust_remote_code``; ``specs`` by action name; ``cohorts``: action → cohort → K.
+    ``model``: ``path`` and optionally ``name``, ``dtype``, ``revision``, ``trust_remote_code``;
+    ``specs`` by name; ``cohorts``: action → cohort → K; ``max_batch_rows``: memory plan (CUDA).
     """
     from kvdiverge.engine.preflight import check_documents, check_loaded_model, check_model_source
     from kvdiverge.models import (
@@ -439,6 +441,7 @@ def load_checked_job(
     documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
     if not documents:
         log.warning("%s: no documents of the job's cohorts", documents_path)
+    check_device_memory(model, specs, cohorts, [*lengths.values()], H, max_batch_rows, device)
     lm = load_model(
         model["path"],
         device=device,
@@ -534,7 +537,8 @@ def run_stratum_rollout_job(
     if reserved:
         raise ValueError(f"metadata: key(s) {', '.join(reserved)} are written by the job itself")
     digest = model_digests(model["path"])
-    job = load_checked_job(documents_path, model, specs, cohorts, settings.H, device)
+    checks = (documents_path, model, specs, cohorts, settings.H, device, settings.max_batch_rows)
+    job = load_checked_job(*checks)  # with the memory plan on CUDA (engine.memory_plan)
     lm, eos, documents = job.model, job.eos_ids, job.documents
     dtype = str(lm.dtype).removeprefix("torch.")
     if registered is not None:  # an evaluation job: the lock's numerics, before any rollout
