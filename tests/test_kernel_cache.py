@@ -32,9 +32,13 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """An empty kernel cache of this test's own, and a fresh ``library()`` memo."""
+    """An empty kernel cache of this test's own, and a fresh ``library()`` memo; the kernel not
+    turned off and the CPU read as having AVX-512 (these tests build and load the library; none
+    runs the kernel)."""
     folder = tmp_path / "cache"
     monkeypatch.setenv("KVDIVERGE_CACHE", str(folder))
+    monkeypatch.delenv("KVDIVERGE_NATIVE", raising=False)
+    monkeypatch.setenv("KVDIVERGE_CPU_CAPABILITY", "AVX512")
     monkeypatch.setattr(native, "_LIB", [])
     return folder
 

@@ -340,6 +340,7 @@ def test_cpu_capability_is_read_in_any_form(capability, has):
 def test_cpu_flags_and_the_override_decide(tmp_path, monkeypatch):
     """The override wins; else the flags of /proc/cpuinfo (avx512f and fma both); a file
     without flags (or none) leaves torch's capability."""
+    monkeypatch.delenv("KVDIVERGE_CPU_CAPABILITY", raising=False)
     info = tmp_path / "cpuinfo"
     info.write_text("processor : 0\nflags : fpu sse2 avx2 fma\n")
     assert native._cpuinfo_flags(info) == {"fpu", "sse2", "avx2", "fma"}
@@ -365,6 +366,8 @@ def test_the_kernel_can_be_turned_off_and_the_library_kernels_run(env, reason, m
     """``KVDIVERGE_NATIVE=0``, or a CPU capability read as without AVX-512: ``library()`` is
     ``None`` with one logged line naming why, and the registry chooses the library kernel for
     every prompt layout."""
+    for name in ("KVDIVERGE_NATIVE", "KVDIVERGE_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(native, "_LIB", [])

@@ -149,7 +149,9 @@ def decode_step(
     result = model(
         input_ids=tokens[:, None],
         position_ids=position_ids,
-        cache_position=torch.tensor([cache.get_seq_length()], device=tokens.device),
+        cache_position=torch.full(
+            (1,), cache.get_seq_length(), dtype=torch.long, device=tokens.device
+        ),
         past_key_values=cache,
         use_cache=True,
         kvd_prefix=shared,
@@ -157,9 +159,12 @@ def decode_step(
     return result.logits[:, -1]
 
 
-def _absorbed(kernel: torch.Tensor, done: torch.Tensor, point_mass: torch.Tensor) -> torch.Tensor:
-    """The kernel with the point mass on EOS in the rows that have emitted EOS."""
-    return torch.where(done[:, None], point_mass, kernel) if bool(done.any()) else kernel
+def _absorbed(
+    kernel: torch.Tensor, done: torch.Tensor, point_mass: torch.Tensor, any_done: bool
+) -> torch.Tensor:
+    """The kernel with the point mass on EOS in the rows that have emitted EOS (``any_done``:
+    whether some row has, known on the host from the step's one read)."""
+    return torch.where(done[:, None], point_mass, kernel) if any_done else kernel
 
 
 def _exclusive_cumsum(values: Sequence[int]) -> list[int]:
@@ -200,7 +205,8 @@ class _RowBatch:
         self._slot_base = per_unit(
             _exclusive_cumsum([s * k for s, k in zip(self.n_streams, ks, strict=True)])
         )
-        self._stream_base = per_unit(_exclusive_cumsum(self.n_streams))
+        self._stream_base_host = _exclusive_cumsum(self.n_streams)
+        self._stream_base = per_unit(self._stream_base_host)
         self._group_base = per_unit(_exclusive_cumsum([len(unit) for unit in prompts]))
         units, streams, replicates = [], [], []
         for u, (unit, k) in enumerate(zip(prompts, ks, strict=True)):
@@ -229,6 +235,19 @@ class _RowBatch:
         stream_key = self._stream_base[self.unit] + self.stream
         members = self._split(stream_key, sum(self.n_streams))
         self.members = [(rows, self.replicate[rows]) for rows in members]
+        # per member: whether it holds every replicate of its unit in replicate order (its rows
+        # then give the (k, V) table as they are); read once per layout, not per step
+        unit_of = [u for u, n in enumerate(self.n_streams) for _ in range(n)]
+        full = [
+            i for i, (rows, _) in enumerate(self.members) if rows.numel() == self.ks[unit_of[i]]
+        ]
+        self.in_order = [False] * len(self.members)
+        if full:
+            checks = torch.stack(
+                [(self.members[i][1] == self.reps[unit_of[i]]).all() for i in full]
+            ).tolist()
+            for i, ok in zip(full, checks, strict=True):
+                self.in_order[i] = bool(ok)
         # X → the unit's prompt 0; Y and Z of evicted[j] → its prompt 1 + j
         group_key = self._group_base[self.unit] + (self.stream + 1) // 2
         rows = self._split(group_key, len(self.flat_prompts))
@@ -240,9 +259,10 @@ class _RowBatch:
         """Unit ``unit``'s stream ``code``: its (k, V) rows of ``values`` by replicate, from
         ``base`` where it has no row (an ended row, or a Z not yet split), else zeros (a point
         mass replaces them)."""
-        batch_rows, row_reps = self.members[int(self._stream_base[unit]) + code]
-        k, reps = self.ks[unit], self.reps[unit]
-        if base is None and batch_rows.numel() == k and bool((row_reps == reps).all()):
+        member = self._stream_base_host[unit] + code
+        batch_rows, row_reps = self.members[member]
+        k = self.ks[unit]
+        if base is None and self.in_order[member]:
             return values.index_select(0, batch_rows)
         start = values.new_zeros((k, values.shape[-1]))
         return (start if base is None else base).index_copy(
@@ -252,7 +272,7 @@ class _RowBatch:
     def start_z_rows(self, unit: int, j: int, new: torch.Tensor) -> None:
         """Z rows of unit ``unit``'s intervention j for replicates ``new``, from copies of their
         Y rows."""
-        y_rows, y_reps = self.members[int(self._stream_base[unit]) + self.y(j)]
+        y_rows, y_reps = self.members[self._stream_base_host[unit] + self.y(j)]
         source = torch.full((self.ks[unit],), -1, dtype=torch.long, device=new.device)
         source[y_reps] = y_rows
         cache = self.cache
@@ -313,6 +333,10 @@ class _UnitRun:
         self.split = [torch.zeros(k, dtype=torch.bool, device=device) for _ in range(n_actions)]
         self.z_started = {i: torch.zeros(k, dtype=torch.bool, device=device) for i in self.evicted}
         self.x = self.x_done.long()
+        # whether some X row, and some Y row of each action, has ended: read on the host once a
+        # step, with the rest of the step's decisions (:meth:`host_flags`)
+        self.x_any = False
+        self.y_any = [False] * n_actions
 
     def couple(
         self,
@@ -327,7 +351,7 @@ class _UnitRun:
         """Step t: the laws P, Q and Q on X's history from the batch's ``probs``, δ_t and f_t,
         and the coupled draws of X and every Y."""
         p_raw = batch.by_replicate(probs, u, 0)
-        p = _absorbed(p_raw, self.x_done, point_mass)
+        p = _absorbed(p_raw, self.x_done, point_mass, self.x_any)
         x = None
         for i, fields in enumerate(self.out):
             if i in self.y_stream:
@@ -345,8 +369,8 @@ class _UnitRun:
                 )
                 for name, part in zip(("p", "q", "q_fixed"), (lp, lq, lz), strict=True):
                     self.kept_logits[i][name].append(part.float().cpu())
-            q = _absorbed(q_raw, self.y_done[i], point_mass)
-            q_fixed = _absorbed(q_fixed_raw, self.x_done, point_mass)
+            q = _absorbed(q_raw, self.y_done[i], point_mass, self.y_any[i])
+            q_fixed = _absorbed(q_fixed_raw, self.x_done, point_mass, self.x_any)
             # X ~ p by inverse CDF: the same for every q, so drawn once
             x, y = maximal_coupling_step(p, q, self.uniforms[t - 1], x=x)
             self.y_done[i] = self.y_done[i] | torch.isin(y, eos)
@@ -362,17 +386,31 @@ class _UnitRun:
         self.x_token[:, t - 1] = x
         self.x_eos[:, t - 1] = self.x_done
 
-    def start_z_rows(self, batch: _RowBatch, u: int) -> bool:
-        """Z rows for the replicates newly split while X runs; whether any started."""
-        started = False
-        for j, i in enumerate(self.evicted):
+    def new_z(self) -> list[torch.Tensor]:
+        """Per evicted intervention: the replicates newly split while X runs ((k,) bool), whose
+        Z rows start now; the intervention's Z flags are updated."""
+        out = []
+        for i in self.evicted:
             running = ~self.x_done | self.keep_logits  # (kept logits: every Z law is recorded)
-            new = (self.split[i] & ~self.z_started[i] & running).nonzero()[:, 0]
+            out.append(self.split[i] & ~self.z_started[i] & running)
             self.z_started[i] = self.split[i].clone()
-            if new.numel():
-                batch.start_z_rows(u, j, new)
-                started = True
-        return started
+        return out
+
+    def host_flags(self) -> list[torch.Tensor]:
+        """The flags :meth:`set_host_flags` takes: whether some X row, and some Y row of each
+        action, has ended (0-d bool tensors, read together with the batch's other flags)."""
+        return [self.x_done.any(), *(done.any() for done in self.y_done)]
+
+    def set_host_flags(self, flags: Sequence[bool]) -> None:
+        self.x_any, *y_any = (bool(f) for f in flags)
+        self.y_any = list(y_any)
+
+    def start_z_rows(self, batch: _RowBatch, u: int, new: Sequence[torch.Tensor]) -> None:
+        """Z rows for the replicates ``new[j]`` of each evicted intervention j (only those with
+        some, by the step's host flags)."""
+        for j, mask in enumerate(new):
+            if mask is not None:
+                batch.start_z_rows(u, j, mask.nonzero()[:, 0])
 
     def stream_tables(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Per stream and replicate: whether the stream has ended (X and Z after X's EOS, Y
@@ -467,12 +505,29 @@ def _rollout_units(
                 on_step(t)
             if t == H:
                 break
-            changed = False
-            for u, run in enumerate(runs):  # newly split, X running: Z starts from Y's history
-                changed = run.start_z_rows(batch, u) or changed
+            # the step's one host read: the ended rows (a Z row starting now has not ended), which
+            # interventions start Z rows (newly split, X running: Z starts from Y's history) and
+            # which streams have ended rows
+            new = [run.new_z() for run in runs]
             tables = [run.stream_tables(t) for run in runs]
             ended = batch.per_row([table[0] for table in tables])
-            n_ended = int(ended.sum())
+            flags = [ended.sum()] + [m.any() for masks in new for m in masks]
+            flags += [f for run in runs for f in run.host_flags()]
+            values = torch.stack([f.long() for f in flags]).tolist()
+            n_ended, values = values[0], values[1:]
+            changed = False
+            for u, run in enumerate(runs):
+                starts = [m if values[j] else None for j, m in enumerate(new[u])]
+                values = values[len(new[u]) :]
+                if any(m is not None for m in starts):
+                    run.start_z_rows(batch, u, starts)
+                    changed = True
+            for run in runs:
+                count = 1 + len(run.y_any)
+                run.set_host_flags(values[:count])
+                values = values[count:]
+            if changed:  # the new Z rows' entries (not ended)
+                ended = batch.per_row([table[0] for table in tables])
             if not keep_logits and settings.drop_ended and n_ended and 4 * n_ended >= ended.numel():
                 batch.keep((~ended).nonzero()[:, 0])
                 changed = True
