@@ -5,7 +5,7 @@ Qwen2 models built here (random weights, the engine tests' seed):
 
 1. torch, CUDA and device names;
 2. per architecture and dtype (float32, bfloat16): the fused attention kernel the engine
-   validated and chose (``kvdiverge.engine.attention._fused_kernel``), and the largest difference
+   validated and chose (``kvdiverge.engine.kernels.registry.choose``), and the largest difference
    between the engine's next-token laws (P on X's history, Q on Y's, Q on X's) and a plain
    transformers forward over an explicitly gathered cache on the same device, over every step
    of K = 4 replicates, H = 24 (`docs/architecture.md`, "Shared-prefix attention"; float32
@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from engine_reference import law_differences  # noqa: E402
 
 import kvdiverge.engine as engine  # noqa: E402
-import kvdiverge.engine.attention as attention  # noqa: E402
 from kvdiverge.engine import RolloutSettings  # noqa: E402
+from kvdiverge.engine.kernels import registry  # noqa: E402
 from kvdiverge.eviction import kept_positions, parse_action  # noqa: E402
 from kvdiverge.models import (  # noqa: E402
     build_demo_model,
@@ -86,13 +86,13 @@ def law_check(model_dir: Path, device: str, dtype: str, K: int = 4, H: int = 24)
     for k in range(K):
         for name, difference in law_differences(model, ids, kept, everything, r, k).items():
             worst[name] = max(worst[name], difference)
-    probe = torch.empty((1, 1, 1, model.config.hidden_size // model.config.num_attention_heads))
-    kernel = attention._fused_kernel(probe.to(model.device, model.dtype))
-    masked = attention._fused_masked_kernel(probe.to(model.device, model.dtype))
+    d = model.config.hidden_size // model.config.num_attention_heads
+    kernel = registry.choose("rows_own", model.device, model.dtype, d).name
+    masked = registry.choose("prompt_masked", model.device, model.dtype, d).name
     return {
         "dtype": str(model.dtype).removeprefix("torch."),
-        "kernel": getattr(kernel, "__name__", "plain path"),
-        "masked_kernel": getattr(masked, "__name__", "plain path"),
+        "kernel": kernel,
+        "masked_kernel": masked,
         "seconds": seconds,
         "split_paths": int((r.x_token != r.y_token).any(axis=1).sum()),
         **worst,
