@@ -26,7 +26,14 @@ thread while it ran, so that another process on the machine costs less of the me
 * ``read K, V``: one summing pass over the cold keys and values (the memory's own rate: the
   floor of any kernel that reads them).
 
-Usage: ``python benchmarks/prompt_kernels.py [--lengths 4064 8064] [--queries 27 81 243]``.
+With ``--threads 1 2`` it prints instead, per (n, Q) and thread count, the wall-clock
+milliseconds per layer and document, cold, of the flash kernel, the native kernel and the native
+kernel masked 50% (the native kernel splits its KV heads and rows over torch's threads; its
+results are the same bits on any count), and each one's speed-up over its one-thread time. Wall
+time, not CPU time: several threads share the call. On a loaded machine these are upper bounds.
+
+Usage: ``python benchmarks/prompt_kernels.py [--lengths 4064 8064] [--queries 27 81 243]
+[--threads 1 2]``.
 """
 
 from __future__ import annotations
@@ -116,11 +123,80 @@ def measure(n: int, n_q: int) -> dict[str, float]:
     return {name: flops / t / 1e9 for name, t in times.items()}
 
 
+def best_wall(fn, rounds: int = 3) -> float:
+    """The least wall-clock seconds of ``fn`` over ``rounds`` calls (after one warm-up)."""
+    fn()
+    out = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        out = min(out, time.perf_counter() - start)
+    return out
+
+
+def thread_times(n: int, n_q: int, threads: int) -> dict[str, float]:
+    """Wall milliseconds per layer and document, cold, on ``threads`` torch threads."""
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    caches = [
+        (torch.randn(H_KV, n, D, generator=gen), torch.randn(H_KV, n, D, generator=gen))
+        for _ in range(LAYERS * DOCS)
+    ]
+    q = torch.randn(H_KV, n_q, D, generator=gen)
+    for k, _ in caches:
+        native.pack_keys(k)
+    drop = torch.rand(1, H_KV, n, generator=gen) < 0.5
+    half = torch.zeros(1, H_KV, n).masked_fill_(drop, float("-inf"))
+    row_bias = torch.zeros(n_q, dtype=torch.int32)
+    scale = D**-0.5
+
+    def cold(fn):
+        return lambda: [fn(k, v) for k, v in caches]
+
+    def flash(k, v):
+        return FLASH(q[None], k[None], v[None], 0.0, False, attn_mask=None, scale=scale)
+
+    each = len(caches) / 1e3
+    return {
+        "flash cold": best_wall(cold(flash)) / each,
+        "native cold": best_wall(cold(lambda k, v: native.attend(q, k, v, scale))) / each,
+        "native masked 50%": best_wall(
+            cold(lambda k, v: native.attend(q, k, v, scale, half, row_bias))
+        )
+        / each,
+    }
+
+
+def thread_table(lengths: list[int], queries: list[int], counts: list[int]) -> None:
+    if native.library() is None:
+        raise SystemExit("the native prompt kernel is not built on this machine")
+    cols = ("flash cold", "native cold", "native masked 50%")
+    print(f"torch {torch.__version__}, wall-clock ms per layer and document (cold)")
+    print()
+    print("| n | Q per KV head | threads | " + " | ".join(cols) + " |")
+    print("|---:|---:|---:|" + "---:|" * len(cols))
+    for n in lengths:
+        for n_q in queries:
+            one = None
+            for threads in counts:
+                times = thread_times(n, n_q, threads)
+                one = one or times
+                cells = " | ".join(f"{times[c]:.3f} ({one[c] / times[c]:.2f}×)" for c in cols)
+                print(f"| {n} | {n_q} | {threads} | {cells} |", flush=True)
+    torch.set_num_threads(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4064, 8064])
     parser.add_argument("--queries", type=int, nargs="+", default=[27, 81, 243])
+    parser.add_argument(
+        "--threads", type=int, nargs="+", help="the thread table instead (e.g. 1 2)"
+    )
     args = parser.parse_args()
+    if args.threads:
+        thread_table(args.lengths, args.queries, args.threads)
+        return
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, CPU time; GEMM {'×'.join(map(str, GEMM))} float32")
     print()
