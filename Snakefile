@@ -40,3 +40,6 @@ rule all:
 
 onsuccess:
     report_after_run()
+
+
+flag_stale_report()  # a report older than the results, or a build left interrupted: one line

@@ -146,3 +146,36 @@ def test_a_prompt_too_short_for_the_window_gets_the_fix(tmp_path):
     fix = message.rsplit("e.g. ", 1)[1]
     assert fix.startswith("snapkv@0.5+window=")
     compare(MODEL, prompts, fix, K=1, H=4, draws=5, quiet=True)  # the suggestion runs
+
+
+def _swept_config():
+    import yaml
+
+    from kvdiverge.config import check_config
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["actions"]["snapkv"] = {"selector": "snapkv", "budgets": [0.25, 0.5]}
+    config["actions"]["recent"] = {"selector": "recent", "budgets": [0.25, 0.5]}
+    study = config["studies"]["study1"]
+    study.update(actions=["snapkv", "recent", "snapkv-512", "full"], baseline="snapkv@0.5")
+    config["analysis"]["contrasts"]["study1"] = [["recent@0.5", "snapkv@0.5"]]
+    config["analysis"]["prediction"]["pairs"].pop("study1", None)
+    config["figures"]["main_contrast"].pop("study1", None)
+    check_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
+    return config
+
+
+def test_a_config_with_a_swept_baseline_pairs_every_budget():
+    from kvdiverge.pipeline.baselines import baseline_contrasts, baseline_pairs
+
+    config = _swept_config()
+    assert baseline_pairs(config, "study1") == {
+        "recent@0.25": "snapkv@0.25",
+        "recent@0.5": "snapkv@0.5",
+        "snapkv-512": "snapkv@0.5",  # outside the sweep: the baseline as named
+    }
+    assert ["recent@0.25", "snapkv@0.25"] in baseline_contrasts(config, "study1")
+    # a baseline outside any sweep: every compared action against it
+    default = _swept_config()
+    default["studies"]["study1"]["baseline"] = "snapkv-512"
+    assert set(baseline_pairs(default, "study1").values()) == {"snapkv-512"}

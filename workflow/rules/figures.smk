@@ -247,6 +247,7 @@ rule study_contrasts:  # a study with a baseline (studies.<study>.baseline)
     params:
         actions=study_compared_actions,
         baseline=lambda w: config["studies"][w.study]["baseline"],
+        pairs=lambda w: baseline_pairs(config, w.study),  # a swept baseline: paired by budget
         cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
         H=config["rollout"]["H"],
         temperature=config["rollout"]["temperature"],
@@ -264,6 +265,7 @@ rule study_metrics:  # metrics.json: what `kvdiverge merge` reads (kvdiverge.tab
         unpack(study_metrics_inputs),
     output:
         metrics=results("{study}/metrics.json"),
+        landing=results("{study}/tables/landing.rst"),  # the report's landing page reads it
     log:
         logs("figures/study_metrics/{study}.log"),
     benchmark:
@@ -274,10 +276,11 @@ rule study_metrics:  # metrics.json: what `kvdiverge merge` reads (kvdiverge.tab
     conda:
         "../../envs/kvdiverge.yaml"
     params:
-        baseline=lambda w: config["studies"][w.study].get("baseline"),
+        baseline=lambda w: baseline_pairs(config, w.study),  # each action's baseline
         draws=lambda w: config["studies"][w.study]["bootstrap_draws"],
         level=config["analysis"]["level"],
         config_sha256=CONFIG_SHA256,
+        labels=study_labels,
         code=script_code("study_metrics.py"),
     script:
         "../scripts/study_metrics.py"

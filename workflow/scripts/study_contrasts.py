@@ -31,7 +31,7 @@ table, summary = study_contrasts(
     stats,
     {model: accuracy.filter(accuracy["model"] == model) for model in stats},
     list(p.actions),
-    p.baseline,
+    dict(p.pairs),  # each action's baseline: the baseline's method at its budget when swept
     cohort=p.cohort,
     H=p.H,
     draws=p.draws,

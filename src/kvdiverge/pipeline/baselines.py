@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["baseline_contrasts", "baseline_problem"]
+__all__ = ["baseline_contrasts", "baseline_pairs", "baseline_problem"]
 
 
 def baseline_problem(config: Mapping[str, Any]) -> str | None:
@@ -35,12 +35,34 @@ def baseline_problem(config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def baseline_contrasts(config: Mapping[str, Any], study: str) -> list[list[str]]:
-    """The contrasts [a, baseline] (estimands rows ``a - baseline``) of every compared action
-    of a study with a baseline; [] without one."""
+def baseline_pairs(config: Mapping[str, Any], study: str) -> dict[str, str]:
+    """Each compared action of a study with a baseline → the action it is set against; {}
+    without a baseline. When the baseline's method runs at several budgets of the study
+    (:func:`kvdiverge.pipeline.actions.budget_sweeps`, e.g. ``snapkv`` with ``budgets``), the
+    grid is paired: each swept action is set against the baseline's method at its own
+    budget (``mine@0.25 - snapkv@0.25``), and the baseline's own budgets are no contrast; an
+    action at a budget the baseline's method lacks, and every action outside the sweep, is
+    set against the baseline as named."""
+    from kvdiverge.pipeline.actions import budget_sweeps
+
     spec = config["studies"][study]
     baseline = spec.get("baseline")
     if baseline is None:
-        return []
+        return {}
     control = spec.get("control", "full")
-    return [[a, baseline] for a in spec["actions"] if a not in (control, baseline)]
+    sweep = budget_sweeps(config, study)
+    method = sweep.get(baseline, (None, None))[0]
+    base_at = {b: a for a, (m, b) in sweep.items() if method is not None and m == method}
+    out = {}
+    for a in spec["actions"]:
+        if a in (control, baseline) or a in base_at.values():
+            continue
+        budget = sweep[a][1] if a in sweep else None
+        out[a] = base_at.get(budget, baseline) if budget is not None else baseline
+    return out
+
+
+def baseline_contrasts(config: Mapping[str, Any], study: str) -> list[list[str]]:
+    """The contrasts [a, its baseline] (estimands rows ``a - baseline``) of every compared
+    action of a study with a baseline (:func:`baseline_pairs`); [] without one."""
+    return [[a, b] for a, b in baseline_pairs(config, study).items()]

@@ -172,7 +172,9 @@ def write_sweep_figure(
     baseline_label: str | None = None,
 ) -> pl.DataFrame:
     """A study's sweep figure from its ``estimands.csv``: :func:`plot_sweep` of
-    :func:`sweep_table` (by model), written as PNG and PDF; returns the plotted rows. An
+    :func:`sweep_table` (by model), written as PNG and PDF; returns the plotted rows. A
+    baseline among the swept actions is its method's line, drawn as the baseline's (a paired
+    grid: :func:`kvdiverge.pipeline.baselines.baseline_pairs`). An
     action of ``sweep`` absent from the table is a one-line
     :class:`kvdiverge.tables.StudyTableError` naming the file."""
     estimands = read_estimands(estimands_csv)
@@ -183,8 +185,9 @@ def write_sweep_figure(
             f"{estimands_csv}: no rows for action {absent[0]!r} (needed by the sweep figure)"
         )
     table = sweep_table(estimands, sweep, by_model=True)
-    if baseline is not None and baseline in sweep:
-        baseline = None  # a point of its own method's line already
-    fig = plot_sweep(table, estimands, baseline, baseline_label)
+    baseline_method = None
+    if baseline is not None and baseline in sweep:  # a paired grid: the baseline's own line
+        baseline_method, baseline = sweep[baseline][0], None
+    fig = plot_sweep(table, estimands, baseline, baseline_label, baseline_method)
     save_figure(fig, png, pdf)
     return table

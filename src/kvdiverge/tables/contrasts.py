@@ -462,7 +462,7 @@ def study_contrasts(
     stats: Mapping[str, pl.DataFrame],
     acc_stats: Mapping[str, pl.DataFrame] | None,
     actions: Sequence[str],
-    baseline: str,
+    baseline: str | Mapping[str, str],
     *,
     cohort: str,
     H: int,
@@ -474,7 +474,9 @@ def study_contrasts(
 ) -> tuple[pl.DataFrame, str]:
     """A pipeline study's ``contrasts.csv`` (``model`` first, then :data:`CONTRAST_COLUMNS`)
     and ``summary.md`` (a section per model): every compared action minus ``baseline`` under
-    each model, from the study's estimands table and, per model, its document statistics
+    each model (``baseline``: one action, or each action's own, as in
+    :func:`contrast_pairs_of`), from the study's estimands table and, per model, its document
+    statistics
     (``stats``, every cohort; the evaluation ``cohort``'s enter, as in the estimands table)
     and its documents' task accuracy (``acc_stats``; None: no Δ accuracy). The sentences name
     each action by its label (``labels``, default its name); the table keeps the names."""

@@ -4,10 +4,25 @@ import hashlib
 import json
 
 from kvdiverge.pipeline.actions import action_labels, budget_sweeps
+from kvdiverge.pipeline.baselines import baseline_pairs
 
 _CONFIG_JSON = json.dumps(config, sort_keys=True, default=str)
 CONFIG_SHA256 = hashlib.sha256(_CONFIG_JSON.encode()).hexdigest()
 """SHA-256 of the effective config (sorted-key JSON): a study's metrics.json records it."""
+
+
+def flag_stale_report():
+    """At parse time, one warning when `<output_dir>/report.html` does not show the current
+    results (kvdiverge.pipeline.report.stale_report): a run with nothing to be done builds no
+    report, so this line is what says it is stale. Not in cluster jobs."""
+    from snakemake.logging import logger
+    from kvdiverge.pipeline.report import stale_report
+
+    if not workflow.is_main_process or workflow.remote_exec:
+        return
+    line = stale_report(results("report.html"), final_outputs())
+    if line:
+        logger.warning(line)
 
 
 def study_metrics_inputs(wildcards):
@@ -17,6 +32,7 @@ def study_metrics_inputs(wildcards):
         "estimands": results(f"{study}/tables/estimands.csv"),
         "accuracy": results(f"{study}/tables/accuracy.csv"),
         "lock": results(f"{study}/lock.json"),
+        "fig5": results(f"{study}/figures/fig5_divergence_cdf.png"),  # on the landing page
     }
     if study in baseline_studies():
         inputs["contrasts"] = results(f"{study}/tables/contrasts.csv")
@@ -97,6 +113,7 @@ def figures_and_tables_outputs():
         if study in baseline_studies():  # rule study_contrasts
             out += [results(f"{study}/tables/{n}") for n in STUDY_CONTRAST_FILES]
         out.append(results(f"{study}/metrics.json"))  # rule study_metrics
+        out.append(results(f"{study}/tables/landing.rst"))
     return out
 
 
