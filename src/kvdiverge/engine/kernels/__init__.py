@@ -1,4 +1,4 @@
-"""The attention kernels and their dispatch (``docs/architecture.md``, "Attention kernels").
+"""The attention kernels and their dispatch (``docs/engine.md``, "Attention kernels").
 
 * :mod:`kvdiverge.engine.kernels.reference`: the float32 reference attention, the oracle every
   kernel is validated against;
