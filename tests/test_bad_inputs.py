@@ -346,6 +346,7 @@ def _configured(folder) -> dict:
     cfg = tiny()
     cfg["models"]["extra"] = {"path": str(folder)}
     cfg["studies"]["study2"]["family_endpoints"] = 12  # a third model: 2 x 2 x 3 endpoints
+    cfg["studies"]["study2"]["bootstrap_draws"] = 24000  # >= 50 per tail at 1 - 0.05/12
     check_config(cfg, SCHEMA)
     return cfg
 
@@ -949,7 +950,7 @@ DRY_RUN_CASES = {
     "missing local model folder": (  # a third model: study 2's family grows to 12
         {
             "models": {"extra": {"path": "/nonexistent/models/extra"}},
-            "studies": {"study2": {"family_endpoints": 12}},
+            "studies": {"study2": {"family_endpoints": 12, "bootstrap_draws": 24000}},
         },
         "config.models.extra.path: /nonexistent/models/extra does not exist (expected a model "
         "folder holding config.json, or a hub id 'org/name')",

@@ -162,7 +162,7 @@ def test_a_model_named_x_plus_lora_is_planned_like_any_other(work, tmp_path):
     override = {
         "models": {"x+lora": {"path": "data/models/x+lora"}},
         "studies": {
-            "study2": {"family_endpoints": 12},  # three models: the family grows
+            "study2": {"family_endpoints": 12, "bootstrap_draws": 24000},  # three models
             "s+x@1": {
                 "actions": ["snapkv-half", "recent-half", "full"],
                 "cohort": "study1",

@@ -416,7 +416,7 @@ def test_dry_run_materializes_a_sourced_model_before_its_rollouts(tmp_path, tiny
         yaml.safe_dump(
             {
                 "models": {"tiny-gguf": {"source": {"gguf": str(tiny_gguf)}}},
-                "studies": {"study2": {"family_endpoints": 12}},  # a third model's endpoints
+                "studies": {"study2": {"family_endpoints": 12, "bootstrap_draws": 24000}},
             }
         )
     )
@@ -449,7 +449,7 @@ def test_dry_run_reports_a_bad_source_in_one_line(tmp_path):
     override = tmp_path / "bad.yaml"
     source = {"gguf": "m.gguf", "sha256": "12ab"}
     third = {"models": {"tiny-gguf": {"source": source}}}
-    third["studies"] = {"study2": {"family_endpoints": 12}}  # a third model's endpoints
+    third["studies"] = {"study2": {"family_endpoints": 12, "bootstrap_draws": 24000}}
     override.write_text(yaml.safe_dump(third))
     res = run_snakemake(work, "-n", "--configfile", "config.yaml", str(override))
     assert res.returncode != 0

@@ -87,7 +87,7 @@ def test_the_lock_records_the_family_its_settings_and_the_plan():
         lambda c: c["analysis"]["clock"].update(saturation=0.95),
         lambda c: c["analysis"].update(alpha=0.1),
         lambda c: c["studies"]["study2"].update(family_endpoints=9),
-        lambda c: c["studies"]["study2"].update(bootstrap_draws=100),
+        lambda c: c["studies"]["study2"].update(bootstrap_draws=20000),
         lambda c: c["studies"]["study2"].update(K=4),
         lambda c: c["actions"]["recent-90"].update(budget=0.8),
     ],

@@ -185,7 +185,7 @@ def _config(groups: dict | None) -> dict:
     """Study 1 on the fixture's stratum, small H, K and bootstrap; with ``groups``, recent-90
     appended in a later group."""
     actions = ["snapkv-half", "recent-half", "full"]
-    study = {"actions": actions, "K": "plan", "K_dev": 2, "K_control": 1, "bootstrap_draws": 20}
+    study = {"actions": actions, "K": "plan", "K_dev": 2, "K_control": 1, "bootstrap_draws": 2000}
     if groups:
         study["actions"] = [a for members in groups.values() for a in members]
         study["groups"] = groups

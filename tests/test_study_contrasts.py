@@ -89,7 +89,7 @@ SMALL = fixture_stratum_config(
             "K_dev": 2,
             "K_control": 1,
             "baseline": "snapkv-half",
-            "bootstrap_draws": 200,
+            "bootstrap_draws": 2000,
         },
         "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 2},
     },

@@ -190,7 +190,7 @@ SMALL = fixture_stratum_config(
             "K": 2,
             "K_dev": 2,
             "K_control": 1,
-            "bootstrap_draws": 50,
+            "bootstrap_draws": 2000,
         },
         "study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 2},
     },

@@ -48,7 +48,7 @@ def _config() -> dict:
             "K": 2,
             "K_dev": 2,
             "K_control": 2,
-            "bootstrap_draws": 200,
+            "bootstrap_draws": 2000,
         }
     }
     config["rollout"].update(H=H, coupling="swrb", temperature=T)
