@@ -222,3 +222,14 @@ def test_the_padded_bias_through_fused_kernels_equals_the_reference():
         q[None], k[None], v[None], attn_mask=bias, scale=d**-0.5
     )[0]
     torch.testing.assert_close(sdpa[keep], want[0][keep], atol=1e-5, rtol=1e-5)
+
+
+def test_asking_about_the_masked_layout_is_not_a_use(fresh):
+    """The engine's layout question (``fused_masked_kernel``) leaves ``kernel_choices()`` empty;
+    a call through the layout then records its kernel."""
+    assert dispatch.fused_masked_kernel("cpu", torch.float32, 16)
+    assert registry.kernel_choices() == {}
+    q, k = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    table, rows = torch.zeros(1, 2, 9), torch.zeros(5, dtype=torch.int32)
+    dispatch.attend_prompt("prompt_masked", q, k, k, 0.25, table, rows)
+    assert set(registry.kernel_choices()) == {"prompt_masked"}

@@ -121,4 +121,4 @@ def attend_prompt(
 def fused_masked_kernel(device: torch.device | str, dtype: torch.dtype, head_size: int) -> bool:
     """Whether the masked layout has a validated kernel other than the reference here (where
     not, the engine attends to gathered caches instead: ``docs/engine.md``)."""
-    return not registry.choose("prompt_masked", device, dtype, head_size).oracle
+    return not registry.choose("prompt_masked", device, dtype, head_size, record=False).oracle

@@ -109,37 +109,39 @@ def choose(
     *,
     fused: bool = True,
     native: bool = True,
+    record: bool = True,
 ) -> Candidate:
     """The kernel for (``layout``, ``device``'s type, ``dtype``, ``head_size``): the first
     registered candidate that claims the key and agrees with the reference (validated once per
     process; the choice logged once). ``fused=False``: the reference itself; ``native=False``:
-    no native kernel (``RolloutSettings.fused_attention`` and ``native_attention``)."""
+    no native kernel (``RolloutSettings.fused_attention`` and ``native_attention``).
+    ``record=False``: a question about the choice, not a use (not in :func:`kernel_choices`)."""
     if layout not in LAYOUTS:
         raise ValueError(f"kernel layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     key: Key = (layout, torch.device(device).type, dtype, int(head_size))
     memo_key = (key, fused, native)
-    chosen = _CHOSEN.get(memo_key)
-    if chosen is not None:
-        return chosen
-    with _LOCK:
-        pick = next(
-            (
-                c
-                for c in candidates(layout)
-                if (fused or c.oracle)
-                and (native or c.kind != "native")
-                and c.name not in _DROPPED.get(key, set())
-                and (c.oracle or (c.claims(key) and _validated(c, key)))
-            ),
-            None,
-        )
-        if pick is None:
-            raise RuntimeError(f"no attention kernel for {key} (the reference is not registered)")
-        _CHOSEN[memo_key] = pick
+    pick = _CHOSEN.get(memo_key)
+    if pick is None:
+        with _LOCK:
+            pick = next(
+                (
+                    c
+                    for c in candidates(layout)
+                    if (fused or c.oracle)
+                    and (native or c.kind != "native")
+                    and c.name not in _DROPPED.get(key, set())
+                    and (c.oracle or (c.claims(key) and _validated(c, key)))
+                ),
+                None,
+            )
+            if pick is None:
+                raise RuntimeError(f"no attention kernel for {key} (no reference registered)")
+            _CHOSEN[memo_key] = pick
+            log.info("attention kernel for %s on %s %s, head size %d: %s", *key, pick.name)
+    if record:
         used = _USED.setdefault(layout, [])
         if pick.name not in used:
             used.append(pick.name)
-            log.info("attention kernel for %s on %s %s, head size %d: %s", *key, pick.name)
     return pick
 
 
