@@ -144,3 +144,16 @@ class ChangesDefaultDtype(Selector):
     def positions(self, prefill, action, n_keep):
         torch.set_default_dtype(torch.float64)
         return _first(prefill, n_keep)
+
+
+CALLS: list[str] = []
+"""Each call of :class:`Counted`'s positions, by action name."""
+
+
+@dataclass(frozen=True)
+class Counted(Selector):
+    """A deterministic selector that records every call of its positions in :data:`CALLS`."""
+
+    def positions(self, prefill, action, n_keep):
+        CALLS.append(action.name)
+        return _first(prefill, n_keep)

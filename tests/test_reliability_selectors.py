@@ -162,11 +162,28 @@ def test_a_random_selector_without_a_seed_is_refused_at_parse_time():
     )
 
 
-def test_deterministic_selectors_are_checked_once_and_pass(model, ids):
-    spec = parse_action({"selector": "snapkv", "budget": 16, "window": 4}, name="s")
-    prefill = run_prefill(model, ids, actions=[spec])
+def test_a_deterministic_user_selector_is_called_twice_on_its_first_prompt_only(model, ids):
+    from reliability_helpers import CALLS
+
+    spec = action("Counted", name="counted")
+    prefill = run_prefill(model, ids)
     first = select_positions(prefill, spec)
-    assert torch.equal(first, select_positions(prefill, spec))
+    assert CALLS.count("counted") == 2
+    assert torch.equal(first, select_positions(run_prefill(model, ids), spec))
+    assert CALLS.count("counted") == 3
+
+
+def test_the_packages_own_selectors_are_called_once(model, ids, monkeypatch):
+    from kvdiverge.eviction import SnapKVSelector
+
+    calls = []
+    original = SnapKVSelector.positions
+    monkeypatch.setattr(
+        SnapKVSelector, "positions", lambda *a: calls.append(1) or original(*a), raising=True
+    )
+    spec = parse_action({"selector": "snapkv", "budget": 16, "window": 4}, name="s")
+    select_positions(run_prefill(model, ids, actions=[spec]), spec)
+    assert calls == [1]
 
 
 # ---- user code: other devices, global state -----------------------------------------------------

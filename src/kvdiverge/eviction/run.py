@@ -208,9 +208,12 @@ so that its id is never reused)."""
 
 
 def _first_call(action: ActionSpec) -> bool:
-    """Whether this process has not yet checked the action's selector instance for determinism
-    (a seeded random one, ``deterministic = False``, is never checked)."""
+    """Whether this process has not yet checked the action's selector instance for determinism:
+    user code only (the package's own selectors, the kvpress bridge among them, are tested to
+    be deterministic), and never a seeded random one (``deterministic = False``)."""
     method = action.method
+    if type(method).__module__.startswith("kvdiverge."):
+        return False
     if not getattr(method, "deterministic", True) or id(method) in _CHECKED:
         return False
     _CHECKED[id(method)] = method

@@ -34,8 +34,9 @@ class Selector:
 
     ``keeps_everything``: the selector keeps every entry whatever the budget (the control);
     ``observes``: it sees every attention layer during the prefill (:meth:`observe`);
-    ``deterministic``: the same prefill gives the same kept positions. It is checked on the
-    first prompt a process selects from (:meth:`positions` called twice, a difference refused).
+    ``deterministic``: the same prefill gives the same kept positions. A user's selector is
+    checked on the first prompt a process selects from (:meth:`positions` called twice, a
+    difference refused).
     A seeded random method sets ``deterministic = False`` and declares an integer ``seed``
     parameter (refused at parse time without one) from which it draws, so that the seed is
     part of the action's config, lock and metadata.
