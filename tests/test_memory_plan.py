@@ -5,6 +5,7 @@ and the estimate against a real rollout's measured peak memory on CPU."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -256,3 +257,30 @@ def test_job_check_before_the_model_loads():
     assert check_job_memory(unknown, specs, cohorts, lengths, 128, 908, 1.0) is None
     if not torch.cuda.is_available():
         assert check_device_memory(model, specs, cohorts, lengths, 128, 908, "auto") is None
+
+
+BARE = r"""
+import runpy, sys
+for name in ("polars", "snakemake", "kvpress", "seaborn", "jsonschema"):
+    sys.modules[name] = None  # any import of them fails, as on the bare device machine
+sys.argv = ["device_check.py", *sys.argv[1:]]
+runpy.run_path("benchmarks/device_check.py", run_name="__main__")
+"""
+
+
+def test_device_check_smoke_runs_without_the_pipeline_libraries():
+    """``benchmarks/device_check.py --smoke`` runs end to end on CPU with polars, Snakemake,
+    kvpress, seaborn and jsonschema unimportable (the device machine has only torch,
+    transformers and numpy), and prints a study-1 row with an exact control."""
+    out = subprocess.run(
+        [sys.executable, "-c", BARE, "--smoke", "--device", "cpu", "--skip-laws"]
+        + ["--models", "qwen2.5-7b", "--lengths", "256"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = [line for line in out.stdout.splitlines() if line.startswith("| qwen2.5-7b | 256 |")]
+    assert len(row) == 1 and "| 0.0e+00, X≡Y |" in row[0]
+    assert "measured: bf16 GEMM" in out.stdout

@@ -14,8 +14,12 @@
   a stratum's documents → trajectory or SWRB record files.
 
 This module gathers their public names, so that ``from kvdiverge.engine import …`` reads as
-one API.
+one API. The rollout jobs' names load on first use (they need polars; the engine itself needs
+only torch, transformers and numpy, as ``benchmarks/device_check.py`` on a bare GPU machine does).
 """
+
+import importlib
+from typing import Any
 
 from kvdiverge.engine.attention import (
     ATTENTION_NAME,
@@ -25,15 +29,6 @@ from kvdiverge.engine.attention import (
 )
 from kvdiverge.engine.batches import plan_batches, rollout_documents
 from kvdiverge.engine.document import reference_groups, rollout_document, rollout_document_actions
-from kvdiverge.engine.rollout_job import (
-    TIMING_KEYS,
-    document_rollouts,
-    rollout_documents_actions,
-    run_stratum_rollout_job,
-    select_documents,
-    select_job_documents,
-    trajectory_frame,
-)
 from kvdiverge.engine.settings import COUPLING_MODES, DocumentRollout, RolloutSettings
 
 __all__ = [
@@ -57,3 +52,20 @@ __all__ = [
     "shared_prefix_attention",
     "trajectory_frame",
 ]
+
+_JOB_NAMES = (
+    "TIMING_KEYS",
+    "document_rollouts",
+    "rollout_documents_actions",
+    "run_stratum_rollout_job",
+    "select_documents",
+    "select_job_documents",
+    "trajectory_frame",
+)
+
+
+def __getattr__(name: str) -> Any:
+    """The rollout jobs' names (:mod:`kvdiverge.engine.rollout_job`), imported on first use."""
+    if name in _JOB_NAMES:
+        return getattr(importlib.import_module("kvdiverge.engine.rollout_job"), name)
+    raise AttributeError(f"module 'kvdiverge.engine' has no attribute {name!r}")

@@ -80,6 +80,15 @@ KNOWN_CONFIGS: Mapping[str, Mapping[str, Any]] = {
         "tie_word_embeddings": False,
         "attention_bias": False,
         "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
         "torch_dtype": "bfloat16",
     },
     "Qwen/Qwen2.5-7B-Instruct": {
@@ -92,6 +101,9 @@ KNOWN_CONFIGS: Mapping[str, Mapping[str, Any]] = {
         "vocab_size": 152064,
         "tie_word_embeddings": False,
         "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "use_sliding_window": False,
         "torch_dtype": "bfloat16",
     },
 }

@@ -25,9 +25,10 @@ import os
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
+if TYPE_CHECKING:  # polars loads in check_documents only (the engine needs no polars)
+    import polars as pl
 
 __all__ = [
     "CONTEXT_KEYS",
@@ -370,6 +371,8 @@ def check_documents(
     below 1, n + H beyond the context window, a budget that keeps nothing of n, a prompt or
     budget too small for what the selector always keeps.
     """
+    import polars as pl
+
     from kvdiverge.eviction import ActionError, check_action, keeps_everything
 
     needed = [*DOCUMENT_COLUMNS, *([] if length_fn else ["n_tokens"])]
