@@ -35,8 +35,10 @@ Usage (about 5 minutes on one H200 by the roofline; the first call compiles noth
 
 ``--smoke`` runs every part at toy sizes (2 layers of 256 wide, a 4,096-token vocabulary,
 prompts of 256 and 512 tokens, K = 4, 4 steps), the dry run that keeps the script working
-where no GPU is at hand. ``--benchmark`` and ``--throughput`` also run ``benchmarks/rollout.py``
-and ``benchmarks/throughput.py`` on the device (these need the project's full environment).
+where no GPU is at hand. ``--benchmark`` also runs ``benchmarks/rollout.py`` on the device,
+and ``--throughput`` ``benchmarks/throughput.py`` (its table against the device's GEMM rate,
+then the decode rate per row budget, ``--budgets`` on ``--sweep-docs`` documents;
+``--throughput-args`` passes more options); these two need the project's full environment.
 """
 
 from __future__ import annotations
@@ -252,6 +254,8 @@ def main() -> None:
     parser.add_argument("--skip-laws", action="store_true")
     parser.add_argument("--benchmark", action="store_true", help="also benchmarks/rollout.py")
     parser.add_argument("--throughput", action="store_true", help="also benchmarks/throughput.py")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[192, 384, 768, 1536])
+    parser.add_argument("--sweep-docs", type=int, default=48)
     parser.add_argument("--throughput-args", default="", help="more throughput.py options")
     args = parser.parse_args()
     # 4K and 32K: the strata's length bounds, target_tokens − generation_reserve (Qwen2.5's
@@ -297,14 +301,19 @@ def main() -> None:
                 f"{c['kernels']} |",
                 flush=True,
             )
-    for flag, script, extra in (
-        (args.benchmark, "rollout.py", []),
-        (args.throughput, "throughput.py", shlex.split(args.throughput_args)),
-    ):
-        if flag:
-            cmd = [sys.executable, str(Path(__file__).with_name(script)), "--device", device]
+    if args.benchmark:
+        cmd = [sys.executable, str(Path(__file__).with_name("rollout.py")), "--device", device]
+        print(flush=True)
+        subprocess.run(cmd, check=True)
+    if args.throughput:  # the throughput table, then the decode rate per row budget
+        script = str(Path(__file__).with_name("throughput.py"))
+        extra = shlex.split(args.throughput_args)
+        for options in ([], ["--sweep", *map(str, args.budgets)]):
+            cmd = [sys.executable, script, "--device", device, *options, *extra]
+            if options:
+                cmd += ["--sweep-docs", str(args.sweep_docs)]
             print(flush=True)
-            subprocess.run([*cmd, *extra], check=True)
+            subprocess.run(cmd, check=True)
 
 
 if __name__ == "__main__":
