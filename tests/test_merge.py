@@ -172,3 +172,5 @@ def test_a_compare_folder_writes_its_metrics(tmp_path):
         assert stored[key] == first[key]
     assert math.isclose(stored["value"], first["value"], rel_tol=1e-12)
     assert [r["action"] for r in record["contrasts"]][:1] == ["recent@0.5"]
+    # one replicate per prompt: its τ is shown once, not as "τ of every replicate"
+    assert "τ of every replicate" not in (tmp_path / "out" / "generations.html").read_text()

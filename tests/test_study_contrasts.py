@@ -117,9 +117,11 @@ def test_study_contrasts_set_each_action_against_the_baseline(tmp_path):
     override.write_text(yaml.safe_dump(SMALL))
     tables = work / "results" / "study1" / "tables"
     targets = [f"results/study1/tables/{n}" for n in ("contrasts.csv", "summary.html")]
+    targets += ["results/study1/metrics.json", "results/study1/tables/landing.rst"]
     rules = [
         "build_demo_model", "dev_rollout_study1", "plan_sample_sizes", "prespecify",
         "rollout_study1", "document_stats", "estimands", "accuracy", "study_contrasts",
+        "study_figures", "study_metrics",
     ]  # fmt: skip
     res = run_snakemake(
         work, *targets, "--allowed-rules", *rules, "--configfile", str(override),
@@ -127,6 +129,17 @@ def test_study_contrasts_set_each_action_against_the_baseline(tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert (work / "results/logs/figures/study_contrasts/study1.log").exists()
+    # metrics.json holds the contrasts file's rows; landing.rst leads with the headline table
+    from kvdiverge.tables.metrics import read_metrics
+
+    record = read_metrics(work / "results" / "study1")
+    assert (
+        record["kind"] == "study"
+        and record["lock"] == read_lock(work / "results/study1/lock.json")["hash"]
+    )
+    assert len(record["contrasts"]) == pl.read_csv(tables / "contrasts.csv").height
+    landing = (tables / "landing.rst").read_text()
+    assert landing.index(".. list-table::") < landing.index("data:image/png;base64,")
     assert (work / "results/benchmarks/study_contrasts/study1.tsv").exists()
     table = pl.read_csv(tables / "contrasts.csv")
     models = ["tiny-llama", "tiny-qwen"]

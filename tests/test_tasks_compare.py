@@ -107,6 +107,7 @@ def test_the_suite_builds_limit_documents_per_task_with_answers_and_metrics(run)
     assert "(string_match_all" in summary  # RULER's metric, not the default substring_match
     gen = pl.read_parquet(out / "generations.parquet")
     assert gen.height > 0
+    assert "τ of every replicate: " in (out / "generations.html").read_text()  # K = 2
 
 
 def test_the_headline_holds_the_tables_own_numbers(run):

@@ -83,7 +83,8 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
     # one job per (study, model, stratum): one log and one benchmark each
     for study, model in jobs:
         log = work / f"results/logs/rollout/{study}/{model}/ruler-1024.log"
-        assert "doc" in log.read_text()  # tqdm progress per document
+        text = log.read_text()  # progress by document and decode step, plain lines
+        assert "\r" not in text and "documents: " in text and "decode steps: " in text
         assert (work / f"results/benchmarks/rollout/{study}/{model}/ruler-1024.tsv").exists()
     assert len(list((work / "results" / "logs" / "rollout").rglob("*.log"))) == len(jobs)
     # each study's plan needs the development files of every model

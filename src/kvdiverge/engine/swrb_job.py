@@ -127,9 +127,10 @@ def run_swrb_job(
     or the doc_id and stratum). Each finished document is kept in the job's scratch area, so a
     job killed part-way resumes from its finished documents (``resume_key``: e.g. the code
     fingerprint, part of the scratch key) and writes the same files as an uninterrupted run.
-    Progress goes to ``log_file`` (one tick per document) and one log line per document.
+    Progress goes to ``log_file`` (:class:`kvdiverge.pipeline.progress.RolloutProgress`: a bar on
+    a terminal, else a plain line per document with rate and ETA) and one log line per document.
     """
-    from tqdm import tqdm
+    from kvdiverge.pipeline.progress import RolloutProgress
 
     extra = dict(metadata or {})
     clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "temperature", "eos_ids", "documents"})
@@ -143,7 +144,7 @@ def run_swrb_job(
     lm = job.model
     settings = {"H": H, "seed": seed, "coupling": "swrb", "temperature": temperature}
     scratch = job.open_scratch(out_paths, settings, resume_key)
-    with tqdm(total=len(job.documents), file=log_file, unit="doc", mininterval=1.0) as bar:
+    with RolloutProgress(len(job.documents), stream=log_file) as bar:  # no \r in a log file
         for document in job.documents:
             doc_id = document[0]
             if not scratch.done(doc_id):
@@ -160,7 +161,7 @@ def run_swrb_job(
                     time.perf_counter() - start,
                     sum(f.height for f in frames.values()),
                 )
-            bar.update(1)
+            bar.document(doc_id)
     saved = scratch.load_all()
     out = {}
     for name, spec in specs.items():

@@ -243,10 +243,11 @@ def generations_sections(
             x_rest = _continuation_html(x_pieces[n_prefix:])
             y_rest = _continuation_html(y_pieces[n_prefix:])
             head = f"τ = {tau}" if tau is not None else f"never diverged within H = {len(x_pieces)}"
+            every = f" · τ of every replicate: {taus}" if paths.height > 1 else ""  # one: shown
             out.append(
                 f"<tr><th>{html.escape((labels or {}).get(action, action))}</th>"
                 f'<td><div class="meta">replicate '
-                f"{shown['replicate']} · {head} · τ of every replicate: {taus} · accuracy X "
+                f"{shown['replicate']} · {head}{every} · accuracy X "
                 f"{shown['acc_x']:.2f}, Y {shown['acc_y']:.2f}</div>"
                 f'<div class="gen x"><b>X</b> {prefix}'
                 f"{x_rest}</div>"
