@@ -119,3 +119,24 @@ def test_the_landing_page_leads_with_the_headline_then_the_figure_then_the_sente
     body = html["body"]
     assert body.count("<table") == 2 and "System Message" not in body
     assert "Mine" in body and "0.0 [-30.0, 30.0] (includes 0)" in body
+
+
+def test_the_rule_graph_has_one_node_per_rule():
+    from types import SimpleNamespace
+
+    from kvdiverge.pipeline.report_graph import rule_graph
+
+    def job(rule: str) -> SimpleNamespace:
+        return SimpleNamespace(rule=SimpleNamespace(name=rule))
+
+    est1, est2, pred1 = job("estimands"), job("estimands"), job("prediction")
+    tab1, tab2 = job("study_tables"), job("study_tables")  # study 1 waits for its prediction
+    levels = [[est1, est2], [pred1, tab2], [tab1]]
+    deps = {est1: [], est2: [], pred1: [est1], tab2: [est2], tab1: [est1, pred1]}
+    dag = SimpleNamespace(toposorted=lambda: levels, dependencies=deps)
+    spec, _, ymax = rule_graph(dag)
+    assert [n["rule"] for n in spec["nodes"]] == ["estimands", "prediction", "study_tables"]
+    edges = {(e["sourcerule"], e["targetrule"]) for e in spec["links"] + spec["links_direct"]}
+    assert edges == {("estimands", "prediction"), ("estimands", "study_tables"),
+                     ("prediction", "study_tables")}  # fmt: skip
+    assert ymax == 100

@@ -111,12 +111,13 @@ def skipped_report(
 def report_command(
     report: str | os.PathLike, snakefile: str | os.PathLike, configfile: str
 ) -> list[str]:
-    """``python -m snakemake --report`` of ``snakefile`` with ``configfile`` as the whole
-    config, and no workflow profile (the report runs no job)."""
+    """``snakemake --report`` of ``snakefile`` with ``configfile`` as the whole config, and no
+    workflow profile (the report runs no job), through :mod:`kvdiverge.pipeline.report_graph`
+    (its rule graph has one node per rule)."""
     return [
         sys.executable,
         "-m",
-        "snakemake",
+        "kvdiverge.pipeline.report_graph",
         "--report",
         str(report),
         "--snakefile",
