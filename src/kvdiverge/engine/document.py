@@ -30,10 +30,12 @@ from kvdiverge.engine.settings import (
 from kvdiverge.eviction import (
     ActionSpec,
     Prefill,
+    is_transform,
     kept_counts,
     parse_action,
     run_prefill,
     select_positions,
+    transformed_prefix,
 )
 from kvdiverge.theory.coupling import (
     document_key,
@@ -191,7 +193,9 @@ class _Document:
                     keys.device, keys.dtype, keys.shape[-1]
                 ):
                     layout = "gathered"
-            if identity:
+            if is_transform(a):  # its own tensors, attended in the gathered layout
+                self.interventions.append(_Intervention(transformed_prefix(prefill, a)))
+            elif identity:
                 self.interventions.append(_Intervention(None))
             elif layout == "masked":
                 self.interventions.append(_Intervention(None, True, kept_mask(prefill, kept)))

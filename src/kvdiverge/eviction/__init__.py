@@ -17,7 +17,9 @@ positions: :class:`ScoredSelector` turns per-layer, per-KV-head scores into kept
 positions it always keeps, then the top-scored rest up to ``n_keep``, sorted). ``recent``
 (kvpress's StreamingLLMPress: sinks plus the most recent entries) and ``snapkv`` (kvpress's
 SnapKVPress, ``docs/method.md``, "SnapKV") are short classes on it; ``full`` keeps everything.
-``kvpress`` runs a kvpress press's own ``score`` inside the project's prefill
+``quantize`` (KIVI's quantized prompt cache, :mod:`kvdiverge.eviction.quantize`) is a prompt
+transformation (:mod:`kvdiverge.eviction.transforms`): its cache is tensors of its own, not a
+kept subset. ``kvpress`` runs a kvpress press's own ``score`` inside the project's prefill
 (:mod:`kvdiverge.eviction.kvpress_bridge`), and ``selector: "package.module:Class"`` imports a
 :class:`Selector` subclass of the user's own.
 
@@ -36,6 +38,7 @@ from kvdiverge.eviction.budgets import ActionError, budget_tokens
 from kvdiverge.eviction.builtin import FullSelector, RecentSelector, SnapKVSelector, snapkv_scores
 from kvdiverge.eviction.kvpress_bridge import KvpressSelector
 from kvdiverge.eviction.prefill import LayerInputs, Prefill
+from kvdiverge.eviction.quantize import QuantizeSelector
 from kvdiverge.eviction.run import kept_counts, kept_positions, run_prefill, select_positions
 from kvdiverge.eviction.selectors import (
     SELECTORS,
@@ -48,6 +51,13 @@ from kvdiverge.eviction.selectors import (
     register_selector,
     resolve_selector,
 )
+from kvdiverge.eviction.transforms import (
+    PromptTransform,
+    cache_bytes,
+    is_transform,
+    prompt_bytes,
+    transformed_prefix,
+)
 
 __all__ = [
     "SELECTORS",
@@ -57,19 +67,25 @@ __all__ = [
     "KvpressSelector",
     "LayerInputs",
     "Prefill",
+    "PromptTransform",
+    "QuantizeSelector",
     "RecentSelector",
     "ScoredSelector",
     "Selector",
     "SnapKVSelector",
     "budget_tokens",
+    "cache_bytes",
     "check_action",
+    "is_transform",
     "keeps_everything",
     "kept_counts",
     "kept_positions",
     "parse_action",
+    "prompt_bytes",
     "register_selector",
     "resolve_selector",
     "run_prefill",
     "select_positions",
     "snapkv_scores",
+    "transformed_prefix",
 ]

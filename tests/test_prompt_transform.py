@@ -1,0 +1,221 @@
+"""Prompt transformations as actions (kvdiverge.eviction.transforms; docs/engine.md, "Prompt
+transformations"): the engine's laws under a transformed cache equal a plain transformers
+forward with a DynamicCache holding the same tensors, computed here independently (the
+quantizer of tests/test_quantize.py, a pair-merging transform written here); the reference
+stream, the common random numbers and the full control are unchanged; bad transformations are
+refused in one line before decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from test_quantize import reference_kivi
+from transformers import DynamicCache
+
+from kvdiverge.engine import RolloutSettings, rollout_document_actions
+from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.eviction import ActionError, PromptTransform, parse_action
+from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
+
+transformers.utils.logging.disable_progress_bar()
+pytestmark = pytest.mark.usefixtures("one_thread_module")
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = (
+    "Read the following context carefully. Document 1: The river flows north through the "
+    "valley, past the old mill and the stone bridge. The special magic number is 482913. "
+) * 4
+QUANT2 = {"name": "q2", "selector": "quantize", "bits": 2, "group_size": 8, "residual": 4}
+QUANT8 = {"name": "q8", "selector": "quantize", "bits": 8, "group_size": 16}
+FULL = {"name": "full", "selector": "full"}
+SNAPKV = {"name": "snapkv-half", "selector": "snapkv", "budget": 0.5, "window": 16}
+
+
+@dataclass(frozen=True)
+class MergePairs(PromptTransform):
+    """A toy merging transform: each pair of consecutive entries replaced by its mean (m = ⌈n/2⌉
+    entries), to show that a cache of another length fits the same interface."""
+
+    name: ClassVar[str] = "merge-pairs"
+
+    def transform_layer(self, action, layer, keys, values, positions):
+        return _merge_pairs(keys), _merge_pairs(values)
+
+    def layer_bytes(self, action, n, n_kv, head_dim, itemsize):
+        return n_kv * ((n + 1) // 2) * 2 * head_dim * itemsize
+
+
+def _merge_pairs(t: torch.Tensor) -> torch.Tensor:
+    n = t.shape[1]
+    even = t[:, : n - n % 2].reshape(t.shape[0], n // 2, 2, t.shape[2]).mean(dim=2)
+    return torch.cat([even, t[:, n - n % 2 :]], dim=1)
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen"])
+def demo(request):
+    path = ROOT / "data" / "models" / request.param
+    model, tok = load_model(str(path)), load_tokenizer(str(path))
+    return model, chat_prompt_ids(tok, PROMPT), eos_token_ids(model, tok)
+
+
+@torch.no_grad()
+def plain_logits(model, ids, transform, tokens) -> torch.Tensor:
+    """Plain transformers decoding over a DynamicCache that holds ``transform(keys, values)``
+    of the prompt's own full cache: logits of steps 1..len(tokens)+1."""
+    n = len(ids)
+    prompt = torch.tensor([ids])
+    full = model(prompt, use_cache=True).past_key_values
+    cache = DynamicCache()
+    for layer, entry in enumerate(full.layers):
+        k, v = transform(entry.keys[0], entry.values[0])
+        cache.update(k[None], v[None], layer)
+    out = [model(prompt).logits[0, -1]]
+    for j, token in enumerate(tokens):
+        result = model(
+            input_ids=torch.tensor([[int(token)]]),
+            position_ids=torch.tensor([[n + j]]),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        out.append(result.logits[0, -1])
+    return torch.stack(out)
+
+
+def _kivi(bits, group, residual):
+    def transform(k, v):
+        rk, rv = reference_kivi(k.numpy(), v.numpy(), bits, group, residual)
+        return torch.from_numpy(rk), torch.from_numpy(rv)
+
+    return transform
+
+
+def _identity(k, v):
+    return k, v
+
+
+def _largest_law_difference(model, ids, rollout, transform, replicate) -> dict[str, float]:
+    x, y = rollout.x_token[replicate, :-1], rollout.y_token[replicate, :-1]
+    plain = {
+        "p": plain_logits(model, ids, _identity, x),
+        "q": plain_logits(model, ids, transform, y),
+        "q_fixed": plain_logits(model, ids, transform, x),
+    }
+    out = {}
+    for name, logits in plain.items():
+        expected = logits.double().softmax(-1)
+        got = torch.from_numpy(rollout.logits[name][replicate]).double().softmax(-1)
+        out[name] = float((got - expected).abs().max())
+    return out
+
+
+@pytest.mark.parametrize(
+    "entry, transform",
+    [
+        (QUANT2, _kivi(2, 8, 4)),
+        (QUANT8, _kivi(8, 16, 0)),
+        ({"name": "merge", "selector": "test_prompt_transform:MergePairs"}, None),
+    ],
+)
+def test_laws_equal_plain_forward_with_the_same_cache(demo, entry, transform):
+    """P, Q on Y's history and Q on X's history at every step, before and after divergence,
+    against plain decoding over the independently transformed cache; the full control in the
+    same run stays bit-exact."""
+    model, ids, eos = demo
+    transform = transform or (lambda k, v: (_merge_pairs(k), _merge_pairs(v)))
+    H, K = 16, 4
+    settings = RolloutSettings(H, 3, keep_logits=True)
+    out = rollout_document_actions(model, ids, [entry, FULL], "doc-q", K, eos, settings)
+    r, full = out[entry["name"]], out["full"]
+    assert r.tv_rollout[:, 1:].max() > 0  # the transformed cache changes the law
+    for k in range(K):
+        for name, difference in _largest_law_difference(model, ids, r, transform, k).items():
+            assert difference <= 1e-5, (name, k)
+    # the full control: δ ≡ f ≡ 0 and Y ≡ X exactly, its X the transformed action's X (CRN)
+    assert np.all(full.tv_rollout == 0) and np.all(full.tv_fixed == 0)
+    assert np.array_equal(full.x_token, full.y_token)
+    assert np.array_equal(full.x_token, r.x_token)
+
+
+def test_reference_and_crn_unchanged_beside_eviction(demo):
+    """Adding a quantized action leaves the other actions' X, Y, δ and f as a run without it
+    gives them (the same X rows, the same uniforms; values to float rounding, another batch)."""
+    model, ids, eos = demo
+    settings = RolloutSettings(12, 9)
+    alone = rollout_document_actions(model, ids, [SNAPKV, FULL], "doc-c", 3, eos, settings)
+    both = rollout_document_actions(model, ids, [SNAPKV, QUANT2, FULL], "doc-c", 3, eos, settings)
+    for name in ("snapkv-half", "full"):
+        assert np.array_equal(alone[name].x_token, both[name].x_token)
+        assert np.array_equal(alone[name].y_token, both[name].y_token)
+        assert np.allclose(alone[name].tv_rollout, both[name].tv_rollout, atol=1e-6)
+    assert np.array_equal(both["q2"].x_token, both["snapkv-half"].x_token)
+    assert both["q2"].n_kept == len(ids)
+
+
+def test_batched_documents_equal_one_document_runs(demo):
+    """The rollout job's path (several documents per model call) gives a quantized action the
+    values of its one-document run."""
+    model, ids, eos = demo
+    settings = RolloutSettings(10, 4)
+    docs = [("d0", ids, 2), ("d1", ids[: len(ids) - 7], 2)]
+    batched = dict(rollout_documents(model, docs, [QUANT2, FULL], eos, settings))
+    for doc_id, prompt, K in docs:
+        one = rollout_document_actions(model, prompt, [QUANT2, FULL], doc_id, K, eos, settings)
+        for name in ("q2", "full"):
+            assert np.array_equal(batched[doc_id][name].y_token, one[name].y_token)
+            assert np.allclose(batched[doc_id][name].tv_rollout, one[name].tv_rollout, atol=1e-6)
+
+
+@dataclass(frozen=True)
+class WrongShape(PromptTransform):
+    name: ClassVar[str] = "wrong-shape"
+
+    def transform_layer(self, action, layer, keys, values, positions):
+        return keys[:, :, :-1], values
+
+
+@dataclass(frozen=True)
+class InPlace(PromptTransform):
+    name: ClassVar[str] = "in-place"
+
+    def transform_layer(self, action, layer, keys, values, positions):
+        keys.mul_(0.5)
+        return keys, values
+
+
+@dataclass(frozen=True)
+class NotFinite(PromptTransform):
+    name: ClassVar[str] = "not-finite"
+
+    def transform_layer(self, action, layer, keys, values, positions):
+        return keys, values * float("nan")
+
+
+@pytest.mark.parametrize(
+    "cls, message",
+    [
+        ("WrongShape", "transform_layer of layer 0: keys of shape (2, "),
+        ("InPlace", "transform_layer changed the shared prefill"),
+        ("NotFinite", "transform_layer of layer 0: values holds NaN or infinite values"),
+    ],
+)
+def test_bad_transform_refused_before_decoding(demo, cls, message):
+    model, ids, eos = demo
+    action = {"name": "bad", "selector": f"test_prompt_transform:{cls}"}
+    with pytest.raises(ActionError) as info:
+        rollout_document_actions(model, ids, [action], "doc-bad", 2, eos, RolloutSettings(4, 0))
+    text = str(info.value)
+    assert text.startswith("action 'bad': selector 'test_prompt_transform:") and message in text
+    assert "\n" not in text
+
+
+def test_group_size_must_divide_head_size(demo):
+    model, ids, eos = demo
+    action = parse_action({"selector": "quantize", "group_size": 32}, name="q32")  # d = 16
+    with pytest.raises(ActionError, match="group_size 32 does not divide the model's head size 16"):
+        rollout_document_actions(model, ids, [action], "doc-g", 2, eos, RolloutSettings(4, 0))
