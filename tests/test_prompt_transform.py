@@ -219,3 +219,34 @@ def test_group_size_must_divide_head_size(demo):
     action = parse_action({"selector": "quantize", "group_size": 32}, name="q32")  # d = 16
     with pytest.raises(ActionError, match="group_size 32 does not divide the model's head size 16"):
         rollout_document_actions(model, ids, [action], "doc-g", 2, eos, RolloutSettings(4, 0))
+
+
+def test_cache_bytes_per_action(demo):
+    """Bytes per layer, counted by hand: an eviction keeps n_keep entries × 2 × d × 4 bytes per
+    KV head (float32), the control all n, the 2-bit quantizer its codes, scales and zero points
+    and the full-precision rest; at the end of the horizon every row holds H − 1 generated
+    entries more, in full precision."""
+    model, ids, eos = demo
+    H, n = 8, len(ids)
+    config = model.config
+    layers, n_kv = config.num_hidden_layers, config.num_key_value_heads
+    d = config.head_dim
+    out = rollout_document_actions(
+        model, ids, [SNAPKV, QUANT2, FULL], "doc-b", 1, eos, RolloutSettings(H, 0)
+    )
+    entry = 2 * d * 4
+    generated = (H - 1) * n_kv * entry
+    n_keep = n // 2
+    # the 2-bit cache (groups of 8, residual 4): n_k keys and n_v values quantized
+    n_v = n - 4
+    n_k = n_v - n_v % 8
+    quantized = n_kv * (
+        (n_k * d * 2 + 7) // 8
+        + (n_v * d * 2 + 7) // 8
+        + (2 * ((n_k // 8) * d + n_v * (d // 8)) + ((n - n_k) + (n - n_v)) * d) * 4
+    )
+    expected = {"snapkv-half": n_kv * n_keep * entry, "full": n_kv * n * entry, "q2": quantized}
+    for name, start in expected.items():
+        got = out[name].cache_bytes
+        assert got == {"start": [start] * layers, "end": [start + generated] * layers}, name
+    assert out["q2"].cache_bytes["start"][0] < out["snapkv-half"].cache_bytes["start"][0]

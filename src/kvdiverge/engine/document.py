@@ -30,9 +30,11 @@ from kvdiverge.engine.settings import (
 from kvdiverge.eviction import (
     ActionSpec,
     Prefill,
+    cache_bytes,
     is_transform,
     kept_counts,
     parse_action,
+    prompt_bytes,
     run_prefill,
     select_positions,
     transformed_prefix,
@@ -130,6 +132,7 @@ class _Document:
     interventions: list[_Intervention] | None = None
     prefill_seconds: float = 0.0
     selection_seconds: dict[str, float] | None = None
+    cache_bytes: dict[str, dict[str, list[int]]] | None = None
 
     @classmethod
     def plan(
@@ -175,6 +178,9 @@ class _Document:
             self.prefill_seconds = _clock(device) - start
         _check_model(model, prefill.n, settings.H)
         self.prefill, self.kept, self.interventions, self.selection_seconds = prefill, {}, [], {}
+        self.cache_bytes = {}
+        n_kv, _, head_dim = prefill.keys[0].shape
+        itemsize, layers = prefill.keys[0].element_size(), len(prefill.keys)
         for a in self.specs:
             start = _clock(device)
             self.kept[a.name] = select_positions(prefill, a)
@@ -202,6 +208,10 @@ class _Document:
             else:
                 self.interventions.append(_Intervention(gather_prefix(prefill, kept)))
             self.selection_seconds[a.name] = _clock(device) - start
+            counts = None if is_transform(a) else kept_counts(kept).tolist()
+            size = prompt_bytes(a, counts, prefill.n, n_kv, head_dim, itemsize, layers)
+            held = cache_bytes(size, settings.H, n_kv, head_dim, itemsize)
+            self.cache_bytes[a.name] = held.as_dict()
 
     def release(self) -> None:
         """Drop the prefill and the prompt parts (the document's rollouts are done)."""
@@ -271,6 +281,7 @@ class _Document:
                     logits=logits or None,
                     prefill_seconds=self.prefill_seconds,
                     selection_seconds=self.selection_seconds[name],
+                    cache_bytes=self.cache_bytes[name],
                     decode_seconds=group_seconds * (x_rows + own[j]) / max(group_rows, 1),
                 )
         return {a.name: results[a.name] for a in self.specs}

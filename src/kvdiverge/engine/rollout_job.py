@@ -21,6 +21,7 @@ import polars as pl
 import torch
 
 from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.engine.job_records import cache_bytes_record, sum_timing, with_cache_bytes
 from kvdiverge.engine.kernels import kernel_choices
 from kvdiverge.engine.memory_plan import check_device_memory
 from kvdiverge.engine.settings import DocumentRollout, RolloutSettings
@@ -465,16 +466,6 @@ def load_checked_job(
     )
 
 
-def _sum_timing(parts: Iterable[Mapping[str, Mapping[str, float]]]) -> dict[str, dict]:
-    total: dict[str, dict[str, float]] = {}
-    for part in parts:
-        for name, values in part.items():
-            sums = total.setdefault(name, dict.fromkeys(TIMING_KEYS, 0))
-            for key in TIMING_KEYS:
-                sums[key] += values.get(key, 0)
-    return total
-
-
 def run_stratum_rollout_job(
     documents_path: str | os.PathLike,
     out_paths: Mapping[str, str | os.PathLike],
@@ -533,6 +524,7 @@ def run_stratum_rollout_job(
     specs = job_actions(actions, out_paths, cohorts)
     extra = dict(metadata or {})
     written = {*METADATA_KEYS, "temperature", "eos_ids", "n_documents", "timing", "documents"}
+    written.add("cache_bytes")
     reserved = sorted(set(extra) & (written | set(PROVENANCE_KEYS)))
     if reserved:
         raise ValueError(f"metadata: key(s) {', '.join(reserved)} are written by the job itself")
@@ -564,7 +556,7 @@ def run_stratum_rollout_job(
             frames = {
                 name: trajectory_frame([results[name]] if name in results else []) for name in specs
             }
-            scratch.save(doc_id, frames, info=timing)
+            scratch.save(doc_id, frames, info=with_cache_bytes(timing, results))
             diverged = [
                 f.group_by("replicate").agg(pl.col("mismatch").any()) for f in frames.values()
             ]
@@ -588,7 +580,7 @@ def run_stratum_rollout_job(
             raise
     saved = scratch.load_all()
     order = [doc_id for doc_id, _, _ in documents]
-    timing = _sum_timing(saved[doc_id][1] for doc_id in order)
+    timing = sum_timing((saved[doc_id][1] for doc_id in order), TIMING_KEYS)
     out = {}
     for name, spec in specs.items():
         parts = [saved[doc_id][0][name] for doc_id in order if name in saved[doc_id][0]]
@@ -613,6 +605,7 @@ def run_stratum_rollout_job(
             "n_documents": frame["doc_id"].n_unique(),
             "documents": job.documents_record,
             "timing": timing.get(spec.name, dict.fromkeys(TIMING_KEYS, 0)),
+            "cache_bytes": cache_bytes_record({d: saved[d][1] for d in order}, order, name),
         }
         write_trajectories(frame, out_paths[name], {**extra, **file_metadata})
         out[name] = frame

@@ -114,6 +114,8 @@ class DocumentRollout:
     selection_seconds: float = 0.0
     decode_seconds: float = 0.0
     document_seconds: float = 0.0  # the document's prefill, selections and share of decoding
+    # bytes the action's cache holds per layer: {start: prompt part, end: at step H}
+    cache_bytes: dict[str, list[int]] | None = None
 
 
 def _check_model(model: torch.nn.Module, n: int, H: int) -> None:
