@@ -397,20 +397,9 @@ class _UnitRun:
         return out
 
     def host_flags(self) -> list[torch.Tensor]:
-        """The flags :meth:`set_host_flags` takes: whether some X row, and some Y row of each
-        action, has ended (0-d bool tensors, read together with the batch's other flags)."""
+        """Whether some X row, and some Y row of each action, has ended (0-d bool tensors, read
+        with the batch's other flags into :attr:`x_any` and :attr:`y_any`)."""
         return [self.x_done.any(), *(done.any() for done in self.y_done)]
-
-    def set_host_flags(self, flags: Sequence[bool]) -> None:
-        self.x_any, *y_any = (bool(f) for f in flags)
-        self.y_any = list(y_any)
-
-    def start_z_rows(self, batch: _RowBatch, u: int, new: Sequence[torch.Tensor]) -> None:
-        """Z rows for the replicates ``new[j]`` of each evicted intervention j (only those with
-        some, by the step's host flags)."""
-        for j, mask in enumerate(new):
-            if mask is not None:
-                batch.start_z_rows(u, j, mask.nonzero()[:, 0])
 
     def stream_tables(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Per stream and replicate: whether the stream has ended (X and Z after X's EOS, Y
@@ -513,19 +502,15 @@ def _rollout_units(
             ended = batch.per_row([table[0] for table in tables])
             flags = [ended.sum()] + [m.any() for masks in new for m in masks]
             flags += [f for run in runs for f in run.host_flags()]
-            values = torch.stack([f.long() for f in flags]).tolist()
-            n_ended, values = values[0], values[1:]
+            n_ended, *values = torch.stack([f.long() for f in flags]).tolist()
             changed = False
-            for u, run in enumerate(runs):
-                starts = [m if values[j] else None for j, m in enumerate(new[u])]
-                values = values[len(new[u]) :]
-                if any(m is not None for m in starts):
-                    run.start_z_rows(batch, u, starts)
-                    changed = True
+            for u, masks in enumerate(new):
+                for j, mask in enumerate(masks):
+                    if values.pop(0):
+                        batch.start_z_rows(u, j, mask.nonzero()[:, 0])
+                        changed = True
             for run in runs:
-                count = 1 + len(run.y_any)
-                run.set_host_flags(values[:count])
-                values = values[count:]
+                run.x_any, *run.y_any = (bool(values.pop(0)) for _ in range(1 + len(run.y_any)))
             if changed:  # the new Z rows' entries (not ended)
                 ended = batch.per_row([table[0] for table in tables])
             if not keep_logits and settings.drop_ended and n_ended and 4 * n_ended >= ended.numel():
