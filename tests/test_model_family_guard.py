@@ -23,6 +23,8 @@ from kvdiverge.engine.families import (
     UnsupportedAttentionError,
     attention_config_problem,
     check_attention_call,
+    check_loaded_attention,
+    probe_attention_arguments,
     sliding_window_of,
 )
 from kvdiverge.engine.preflight import PreflightError, check_model_folder, check_model_source
@@ -188,3 +190,28 @@ def test_gemma2_without_a_softcap_matches_generate(gemma_plain):
         )
     expected = out[0, len(ids) :].tolist()
     assert rollout.x_token[0].tolist() == expected
+
+
+# ---- the loaded model's arguments -------------------------------------------------------------
+def test_the_probe_finds_what_each_family_passes(gemma_softcap, gemma_plain):
+    """One two-token forward through a recording attention function: Llama passes nothing that
+    changes attention; Gemma 2 its soft cap and (on its sliding layers) the window; the model's
+    own attention implementation is back afterwards."""
+    llama = load_model(str(TOKENIZER))
+    seen = probe_attention_arguments(llama)
+    assert {k for k, v in seen.items() if v is not None} <= {"position_ids", "use_cache"}
+    assert llama.config._attn_implementation == "sdpa"
+    check_loaded_attention(llama, "config.models.tiny-llama.path", 10**6)
+    capped = load_model(str(gemma_softcap))
+    assert probe_attention_arguments(capped)["softcap"] == 50.0
+    with pytest.raises(UnsupportedAttentionError) as err:
+        check_loaded_attention(capped, "config.models.gemma.path", 100)
+    assert str(err.value).startswith(
+        "config.models.gemma.path: the model's attention asks for an attention logit soft cap "
+        "(softcap = 50.0, as Gemma 2's)"
+    )
+    plain = load_model(str(gemma_plain))
+    assert probe_attention_arguments(plain)["sliding_window"] == 4096
+    check_loaded_attention(plain, "w", 4096)
+    with pytest.raises(UnsupportedAttentionError, match=r"^w: .*a sliding window of 4096 "):
+        check_loaded_attention(plain, "w", 4097)

@@ -423,7 +423,7 @@ def _run(
         write_sweep,
     )
     from kvdiverge.datasets import write_documents
-    from kvdiverge.engine.families import UnsupportedAttentionError
+    from kvdiverge.engine.families import UnsupportedAttentionError, check_loaded_attention
     from kvdiverge.engine.rollout_job import rollout_documents_actions
     from kvdiverge.engine.settings import RolloutSettings
     from kvdiverge.eviction import ActionError
@@ -451,6 +451,10 @@ def _run(
                             trust_remote_code=trust_remote_code)  # fmt: skip
         except DeviceError as exc:  # no GPU where one was asked for or promised
             raise CompareError(str(exc)) from None
+    try:  # the arguments the model passes its attention (docs/models.md, "Model families")
+        check_loaded_attention(lm, "--model", int(documents["n_tokens"].max()) + H)
+    except UnsupportedAttentionError as exc:
+        raise CompareError(str(exc)) from None
     say(f"model loaded: {time.perf_counter() - start:.1f} s")
     eos = eos_token_ids(lm, tokenizer)
     settings = RolloutSettings(

@@ -15,10 +15,10 @@ function) or through their config:
 
 Dropping any of them would run silently and give laws that are not the model's. Each is
 refused in one line: from the config at preflight (:func:`attention_config_problem`, before any
-weights load), and from the call itself (:func:`check_attention_call`, which the attention
-function runs on every call, so a family that passes something new is stopped at its first
-decoding step). Arguments whose value is None, or a window that holds every key, are the
-plain attention and pass.
+weights load); from the arguments the loaded model passes, found by one two-token forward
+before any rollout (:func:`check_loaded_attention`); and from every call itself
+(:func:`check_attention_call`, which the attention function runs on each call). Arguments
+whose value is None, or a window that holds every key, are the plain attention and pass.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ __all__ = [
     "UnsupportedAttentionError",
     "attention_config_problem",
     "check_attention_call",
+    "check_loaded_attention",
+    "probe_attention_arguments",
     "sliding_window_of",
 ]
 
@@ -140,3 +142,52 @@ def check_attention_call(kwargs: Mapping[str, Any], n_keys: int | Callable[[], i
             f"the model's attention asks for {what}, which the shared-prefix attention does "
             'not compute (docs/models.md, "Model families")'
         )
+
+
+_PROBE = "kvdiverge_argument_probe"
+
+
+def probe_attention_arguments(model: Any) -> dict[str, Any]:
+    """The keyword arguments a loaded model's layers pass to their attention function, found by
+    one forward of two tokens through a recording function that computes plain SDPA attention
+    (the model's own implementation is restored after). Per argument the first value other
+    than None, and for ``sliding_window`` the smallest window of any layer."""
+    import torch
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    seen: dict[str, Any] = {}
+
+    def record(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        for name, given in kwargs.items():
+            if name == "sliding_window" and isinstance(seen.get(name), int):
+                if isinstance(given, int) and not isinstance(given, bool):
+                    seen[name] = min(seen[name], given)
+            elif seen.get(name) is None:
+                seen[name] = given
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+
+    AttentionInterface.register(_PROBE, record)
+    old = model.config._attn_implementation
+    device = next(model.parameters()).device
+    model.set_attn_implementation(_PROBE)
+    try:
+        with torch.no_grad():
+            model(torch.zeros((1, 2), dtype=torch.long, device=device), use_cache=False)
+    finally:
+        model.set_attn_implementation(old)
+    return seen
+
+
+def check_loaded_attention(model: Any, where: str, positions: int) -> None:
+    """After loading, before any rollout: the arguments the model passes to its attention
+    (:func:`probe_attention_arguments`) ask for nothing the shared-prefix attention does not
+    compute over ``positions`` keys (the job's longest prompt plus H;
+    :func:`check_attention_call`). One-line :class:`UnsupportedAttentionError` starting with
+    ``where``."""
+    try:
+        check_attention_call(probe_attention_arguments(model), positions)
+    except UnsupportedAttentionError as exc:
+        raise UnsupportedAttentionError(f"{where}: {exc}") from None

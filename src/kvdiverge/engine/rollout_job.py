@@ -409,6 +409,7 @@ def load_checked_job(
     ``model``: ``path`` and optionally ``name``, ``dtype``, ``revision``, ``trust_remote_code``;
     ``specs`` by name; ``cohorts``: action → cohort → K; ``max_batch_rows``: memory plan (CUDA).
     """
+    from kvdiverge.engine.families import check_loaded_attention
     from kvdiverge.engine.preflight import check_documents, check_loaded_model, check_model_source
     from kvdiverge.models import (
         chat_prompt_ids,
@@ -452,6 +453,7 @@ def load_checked_job(
     )
     if info is None:
         check_loaded_model(lm, tokenizer, where, max(lengths.values(), default=0) + H)
+    check_loaded_attention(lm, where, max(lengths.values(), default=0) + H)
     return CheckedJob(
         tokenizer,
         lm,
