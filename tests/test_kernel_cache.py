@@ -176,7 +176,7 @@ def test_a_hanging_version_probe_times_out_once_and_is_cached(cache, tmp_path, m
     monkeypatch.setattr(native, "_LIB", [])
     start = time.monotonic()
     assert native.library() is None
-    assert time.monotonic() - start < 0.4  # no probe this time
+    assert time.monotonic() - start < 5  # no probe this time (the calls below say so)
     assert calls.read_text().splitlines() == ["--version"]
     path = tmp_path / "hanging-cc"
     path.write_text(path.read_text() + "\n")  # the compiler changed: probed again

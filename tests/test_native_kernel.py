@@ -256,7 +256,8 @@ def test_work_items_cover_every_head_and_row_once(heads, rows):
 @needs_native
 def test_threads_change_no_bit():
     """``attend`` on 2, 3 and 4 threads (KV heads and row pieces in parallel) equals one thread
-    bit for bit, masked and unmasked, with chunked rows; torch's thread count is the default."""
+    bit for bit, masked and unmasked; torch's thread count is the default (calls below a size
+    on one thread; with that size 0, every call split)."""
     gen = torch.Generator().manual_seed(11)
     for m, n, d in ((40, 130, 64), (7, 1000, 16), (13, 65, 128)):
         for masked in (False, True):
@@ -267,7 +268,13 @@ def test_threads_change_no_bit():
                 assert torch.equal(got[0], one[0]) and torch.equal(got[1], one[1]), threads
             torch.set_num_threads(2)
             try:
-                got = native.attend(q, k, v, d**-0.5, bias, row_bias)
+                for pairs in (native._PARALLEL_PAIRS, 0):  # small calls on one thread, or not
+                    native._PARALLEL_PAIRS, saved = pairs, native._PARALLEL_PAIRS
+                    try:
+                        got = native.attend(q, k, v, d**-0.5, bias, row_bias)
+                    finally:
+                        native._PARALLEL_PAIRS = saved
+                    assert torch.equal(got[0], one[0]) and torch.equal(got[1], one[1])
             finally:
                 torch.set_num_threads(1)
             assert torch.equal(got[0], one[0]) and torch.equal(got[1], one[1])

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 BLOCK = 64  # keys per packed block (KB in the C source)
 SOURCE = build.SOURCE
 _SCORES_FLOATS = 1 << 18  # score rows held at once: 1 MiB, within a core's second-level cache
+_PARALLEL_PAIRS = 1 << 17  # query-entry pairs below which a call runs on one thread (its
+# work, about a millisecond, would not repay handing pieces to a pool)
 
 _LIB: list[ctypes.CDLL | None] = []  # [] until tried, then [library or None]
 _PACKED = WeakIdKeyDictionary()  # prompt keys → their packed copy
@@ -180,8 +182,9 @@ def attend(
 
     ``bias`` (n_bias, H_kv, n) additive (−inf drops an entry), ``row_bias`` (M,): each query
     row's index into it, −1 for none. A row with every entry dropped, and every row of an empty
-    prompt part (n = 0), gets output 0 and log-sum-exp −inf. ``threads`` (default: torch's
-    thread count) share the work (:func:`work_items`); the result does not depend on them.
+    prompt part (n = 0), gets output 0 and log-sum-exp −inf. ``threads`` share the work
+    (:func:`work_items`; default: torch's thread count, one for a call of fewer than
+    ``_PARALLEL_PAIRS`` query-entry pairs); the result does not depend on them.
     Raises ``RuntimeError`` when the library is absent or refuses the shape, ``ValueError``
     for a bias without a row index per query.
     """
@@ -221,7 +224,8 @@ def attend(
         scratch = _scratch(chunk * width + chunk)
         return lib.kvd_prompt_attention(h, m, n, d, *item, *args, scratch.data_ptr(), chunk)
 
-    threads = torch.get_num_threads() if threads is None else threads
+    if threads is None:
+        threads = torch.get_num_threads() if h * m * n >= _PARALLEL_PAIRS else 1
     items = work_items(h, m, threads)
     if len(items) == 1:
         codes = [piece(items[0])]
