@@ -14,6 +14,7 @@ import pytest
 
 from kvdiverge.compare import CompareError, compare
 from kvdiverge.compare.sweep import kv_bytes_per_entry, plot_sweep, render_budget_contrasts
+from kvdiverge.plots.sweep import dodge
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "data" / "models" / "tiny-llama"
@@ -80,7 +81,8 @@ def test_the_sweep_figure_draws_the_baseline_at_every_budget(grid):
         for ax in fig.axes:
             lines = {line.get_gid(): line for line in ax.lines if line.get_gid()}
             assert {"method:mine", "method:snap"} <= set(lines)
-            np.testing.assert_allclose(lines["method:snap"].get_xdata(), [25, 75])
+            x = np.array([25, 75]) + dodge(0, 2, 50)  # the baseline's line first, dodged
+            np.testing.assert_allclose(lines["method:snap"].get_xdata(), x)
             assert "baseline" not in lines  # no flat line: the baseline is a swept line
         legend = [t.get_text() for t in fig.legends[0].get_texts()]
         assert legend == ["snap (baseline)", "mine"]

@@ -20,7 +20,13 @@ from kvdiverge.plots.study import (
     plot_divergence_cdf,
     write_study_figures,
 )
-from kvdiverge.plots.sweep import SWEEP_ESTIMANDS, plot_sweep, sweep_table, write_sweep_figure
+from kvdiverge.plots.sweep import (
+    SWEEP_ESTIMANDS,
+    dodge,
+    plot_sweep,
+    sweep_table,
+    write_sweep_figure,
+)
 from kvdiverge.tables import StudyTableError, read_estimands, write_study_tables
 from kvdiverge.tables.accuracy import accuracy_study_table
 
@@ -160,7 +166,9 @@ def test_the_sweep_figure_draws_the_pooled_rows_per_model_and_method(swept, tmp_
             for ax, (estimand, (_, scale, _)) in zip(row, SWEEP_ESTIMANDS.items(), strict=True):
                 lines = [ln for ln in ax.lines if (ln.get_gid() or "").startswith("method:")]
                 assert [ln.get_gid() for ln in lines] == ["method:SnapKV", "method:recent+sinks=2"]
-                for line, method in zip(lines, ["SnapKV", "recent+sinks=2"], strict=True):
+                for j, (line, method) in enumerate(
+                    zip(lines, ["SnapKV", "recent+sinks=2"], strict=True)
+                ):
                     own = [a for a, (m, _) in SWEEP.items() if m == method]
                     rows = estimands.filter(
                         (pl.col("model") == model)
@@ -170,7 +178,10 @@ def test_the_sweep_figure_draws_the_pooled_rows_per_model_and_method(swept, tmp_
                         & pl.col("action").is_in(own)
                     )
                     by_action = dict(zip(rows["action"], rows["value"], strict=True))
-                    np.testing.assert_allclose(line.get_xdata(), [100 * SWEEP[a][1] for a in own])
+                    x = [100 * SWEEP[a][1] for a in own]
+                    every = [100 * b for _, b in SWEEP.values()]
+                    shift = dodge(j, 2, max(every) - min(every))  # lines dodged a little
+                    np.testing.assert_allclose(line.get_xdata(), np.array(x) + shift)
                     np.testing.assert_allclose(
                         line.get_ydata(), [scale * by_action[a] for a in own]
                     )

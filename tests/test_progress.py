@@ -64,8 +64,8 @@ def test_plain_lines_in_a_file_with_rate_and_eta_and_no_carriage_return():
     ]
     docs = [line for line in lines if line.startswith("prompts:")]
     assert docs == [
-        "prompts: 1/2 [00:08<00:08,  8.00s/prompt] (prompt 0 done)",
-        "prompts: 2/2 [00:16<00:00,  8.00s/prompt] (prompt 1 done)",
+        "prompts: 1/2 [00:08] (prompt 0 done)",
+        "prompts: 2/2 [00:16] (prompt 1 done)",
     ]
 
 

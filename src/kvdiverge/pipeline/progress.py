@@ -5,10 +5,12 @@
 batch) and one call per finished document. On a terminal it draws two tqdm bars (documents,
 decode steps) that move while a batch runs. Anywhere else (a job's log file, a pipe, a
 notebook's captured stream, a ``log`` callable) it writes plain lines, never carriage
-returns: one per finished document, and one on the decode steps at most every ``interval``
-seconds (and at each batch's last step), each with tqdm's own rate and ETA
-(``tqdm.format_meter``). :func:`quiet_library_bars` switches transformers' own bars (the
-"Loading weights" bar) off while its stream is not a terminal.
+returns: one when decoding starts (with the seconds of prefill and selection), one on the decode
+steps at most every ``interval`` seconds and at each batch's last step, with tqdm's own rate and
+ETA (``tqdm.format_meter``), and one per finished document with the elapsed time (the documents
+of a batch finish together, so their own rate would mislead). :func:`quiet_library_bars`
+switches transformers' own bars (the "Loading weights" bar) off while its stream is not a
+terminal.
 """
 
 from __future__ import annotations
@@ -19,9 +21,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-__all__ = ["RolloutProgress", "is_terminal", "quiet_library_bars", "step_position"]
+__all__ = ["RolloutProgress", "is_terminal", "quiet_library_bars", "step_position", "tqdm_interval"]
 
 _FORMAT = "{desc}: {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"
+
+
+def tqdm_interval(seconds: float) -> str:
+    """Seconds as tqdm writes an elapsed time (``01:05``, ``1:02:03``)."""
+    from tqdm import tqdm
+
+    return tqdm.format_interval(seconds)
 
 
 def is_terminal(stream: Any) -> bool:
@@ -153,10 +162,11 @@ class RolloutProgress:
         if self._doc_bar is not None:
             self._doc_bar.update(1)
             return
-        elapsed = self.clock() - self.start
-        rate = self.done / elapsed if elapsed > 0 else None
-        meter = self._meter(f"{self.unit}s", self.done, self.documents, elapsed, self.unit, rate)
-        self.write(meter + (f" ({name} done)" if name else ""))
+        # no rate or ETA here: the documents of a batch finish together (the decode steps'
+        # lines carry the rate and ETA)
+        elapsed = tqdm_interval(self.clock() - self.start)
+        line = f"{self.unit}s: {self.done}/{self.documents} [{elapsed}]"
+        self.write(line + (f" ({name} done)" if name else ""))
 
     def close(self) -> None:
         """Finish the bars (nothing for plain lines)."""

@@ -7,12 +7,13 @@ From the pooled rows of the estimands table only (nothing is re-estimated): per 
 budget b, P(τ ≤ H), the mean entry time E[τ | τ ≤ H] and R_SMC = (1/H) Σ_t P(X_t ≠ Y_t), each
 with the table's pointwise interval, drawn against b (the kept percentage of the prompt when
 every budget is a fraction, else the kept token count), one line per method, one row of three
-panels per model; a baseline, when given, is a dashed horizontal line at its own value.
+panels per model; a baseline, when given, is a dashed horizontal line at its own value, or,
+swept with the methods (a paired grid), a black dashed line of its own. The lines are dodged
+a little along x (:func:`dodge`) so that intervals at one budget do not hide each other.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import textwrap
@@ -28,6 +29,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from kvdiverge.plots.base import (  # noqa: E402
     TEXT_WIDTH,
+    SeriesStyle,
     figure_legend,
     new_figure,
     save_figure,
@@ -35,7 +37,7 @@ from kvdiverge.plots.base import (  # noqa: E402
 )
 from kvdiverge.tables import StudyTableError, read_estimands  # noqa: E402
 
-__all__ = ["SWEEP_ESTIMANDS", "plot_sweep", "sweep_table", "write_sweep_figure"]
+__all__ = ["SWEEP_ESTIMANDS", "dodge", "plot_sweep", "sweep_table", "write_sweep_figure"]
 
 SWEEP_ESTIMANDS = {
     "div_prob": (r"$P(\tau \leq H)$", 100.0, "%"),
@@ -88,6 +90,12 @@ def sweep_table(
     )
 
 
+def dodge(index: int, count: int, span: float, share: float = 0.025) -> float:
+    """The x offset of line ``index`` of ``count`` (centred on 0): ``share`` of the axis
+    ``span`` per line, so that intervals at one budget sit side by side."""
+    return (index - (count - 1) / 2) * share * span
+
+
 def plot_sweep(
     table: pl.DataFrame,
     estimands: pl.DataFrame | None = None,
@@ -104,11 +112,9 @@ def plot_sweep(
     methods = table["method"].unique(maintain_order=True).to_list()
     if baseline_method in methods:  # the baseline's line first, then the methods'
         methods = [baseline_method] + [m for m in methods if m != baseline_method]
-    styles = dict(series_styles(methods))
-    if baseline_method in styles:
-        styles[baseline_method] = dataclasses.replace(
-            styles[baseline_method], color="black", linestyle="--"
-        )
+    styles = dict(series_styles([m for m in methods if m != baseline_method]))
+    if baseline_method in methods:  # black and dashed; the methods keep their own styles
+        styles[baseline_method] = SeriesStyle("black", "--", "D")
     budgets = sorted(set(table["budget"].to_list()))
     fractions = all(0 < b <= 1 for b in budgets)
     scale_x = 100.0 if fractions else 1.0
@@ -135,9 +141,11 @@ def plot_sweep(
             if not finite:
                 ax.text(0.5, 0.5, "undefined at every budget\n(no path diverges)", ha="center",
                         va="center", transform=ax.transAxes)  # fmt: skip
-            for method in methods:
+            span = (max(budgets) - min(budgets)) * scale_x if len(budgets) > 1 else 1.0
+            for j, method in enumerate(methods):
                 r = rows.filter(pl.col("method") == method).sort("budget")
-                x = r["budget"].to_numpy() * scale_x
+                # dodged a little along x so that overlapping intervals stay readable
+                x = r["budget"].to_numpy() * scale_x + dodge(j, len(methods), span)
                 v, lo, hi = (scale * r[c].to_numpy() for c in ("value", "ci_low", "ci_high"))
                 style = styles[method]
                 drawn = ax.errorbar(x, v, yerr=[v - lo, hi - v], marker=style.marker, ms=4,
