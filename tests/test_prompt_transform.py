@@ -250,3 +250,31 @@ def test_cache_bytes_per_action(demo):
         got = out[name].cache_bytes
         assert got == {"start": [start] * layers, "end": [start + generated] * layers}, name
     assert out["q2"].cache_bytes["start"][0] < out["snapkv-half"].cache_bytes["start"][0]
+
+
+def test_cache_bytes_table_by_hand():
+    from kvdiverge.analysis.cache_bytes import cache_bytes_table
+
+    full = {
+        "a": {"start": [100, 100], "end": [120, 120]},
+        "b": {"start": [50, 50], "end": [70, 70]},
+    }
+    half = {"a": {"start": [50, 50], "end": [70, 70]}, "b": {"start": [25, 25], "end": [45, 45]}}
+    q4 = {"a": {"start": [20, 30], "end": [40, 50]}}
+    table = cache_bytes_table(
+        {
+            "full": ({"selector": "full", "budget": None}, full),
+            "snapkv-half": ({"selector": "snapkv", "budget": 0.5}, half),
+            "q4": ({"selector": "quantize", "bits": 4, "budget": None}, q4),
+        },
+        control="full",
+    )
+    rows = {r["action"]: r for r in table.to_dicts()}
+    assert rows["full"]["budget"] == "all" and rows["full"]["start_share"] == 1.0
+    assert rows["snapkv-half"]["budget"] == "0.5" and rows["snapkv-half"]["n_docs"] == 2
+    assert rows["snapkv-half"]["start_bytes"] == (100 + 50) / 2
+    assert rows["snapkv-half"]["start_share"] == 0.5
+    assert rows["snapkv-half"]["end_share"] == (140 / 240 + 90 / 140) / 2
+    assert rows["q4"]["budget"] == "4 bits" and rows["q4"]["start_share"] == 50 / 200
+    with pytest.raises(ValueError, match="document b has no bytes of the control 'q4'"):
+        cache_bytes_table({"q4": ({}, q4), "full": ({}, full)}, control="q4")

@@ -134,7 +134,7 @@ def test_bytes_of_4bit_against_full_precision():
     "entry, message",
     [
         ({"bits": 3}, "actions.q.bits: expected one of 2, 4, 8, got 3"),
-        ({"bits": 4, "budget": 0.5}, "actions.q.budget: selector 'quantize' transforms the whole"),
+        ({"bits": 4, "budget": 0.5}, "actions.q.budget: selector 'quantize' takes bits, not a"),
         ({"group_size": 0}, "actions.q.group_size: expected an integer >= 1, got 0"),
         ({"residual": -1}, "actions.q.residual: expected an integer >= 0, got -1"),
         ({"bits": 4.0}, "actions.q.bits: expected an integer, got 4.0"),

@@ -34,7 +34,7 @@ import yaml
 
 from kvdiverge.analysis.bootstrap import bootstrap_draws_problem
 from kvdiverge.analysis.groups import FIRST_GROUP, action_groups, study_groups
-from kvdiverge.eviction import check_action, keeps_everything
+from kvdiverge.eviction import check_action, is_transform, keeps_everything
 from kvdiverge.pipeline.actions import actions_problem, selector_entry
 from kvdiverge.pipeline.baselines import baseline_problem
 from kvdiverge.pipeline.configfiles import TEMPLATING_REFUSED, templated
@@ -525,7 +525,7 @@ def _check_budgets(config: Mapping[str, Any], actions: Mapping[str, Any]) -> Non
     used = dict.fromkeys(a for s in config.get("studies", {}).values() for a in s["actions"])
     for name in used:
         action = actions[name]
-        if keeps_everything(action):
+        if keeps_everything(action) or is_transform(action):  # no kept count to check
             continue
         for stratum in datasets.get("strata", []):
             label = f"{stratum['env']}-{stratum['label']}"

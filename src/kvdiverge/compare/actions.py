@@ -7,6 +7,10 @@ spec and its own label (``snapkv@0.5+window=16``). The label is the action's nam
 table rows, the ``action`` column of every table. File names take the label through
 :func:`path_name`, which escapes every character outside letters, digits and ``._-~@+=``, so no
 label or parameter value (``+tag=/../../x``) reaches a path unescaped.
+
+``@<N>bit`` sets a prompt transformation's ``bits`` in place of a budget:
+``quantize@4bit+group_size=32+residual=128`` is KIVI's quantized prompt cache at 4 bits
+(``docs/compression.md``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import sys
 import urllib.parse
 from collections.abc import Sequence
@@ -111,12 +116,16 @@ def _parse_spec(label: str, spec: str, option: str) -> ActionSpec:
     head, *params = _split_plus(spec)
     selector, at, budget = head.partition("@")
     entry: dict[str, Any] = {"selector": selector}
-    if at:
+    if at and re.fullmatch(r"[0-9]+bit", budget.strip()):  # quantize@4bit: bits, no budget
+        entry["bits"] = int(budget.strip()[:-3])
+    elif at:
         entry["budget"] = _value(budget)
     for p in params:
         key, eq, value = p.partition("=")
         if not eq or not key:
             raise CompareError(f"{option}: {spec!r}: expected KEY=VALUE after '+', got {p!r}")
+        if key in entry:
+            raise CompareError(f"{option}: {spec!r}: {key} given twice")
         entry[key] = _value(value)
     try:
         return parse_action(entry, name=label)

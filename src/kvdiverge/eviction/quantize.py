@@ -140,7 +140,11 @@ class QuantizeSelector(PromptTransform):
     residual: int = 0
 
     def validate(self, action: ActionSpec, where: str) -> None:
-        super().validate(action, where)
+        if action.budget is not None:
+            raise ActionError(
+                f"{where}.budget: selector 'quantize' takes bits, not a budget (bits: 4 in a "
+                "config, quantize@4bit in kvdiverge compare; its memory is counted in bytes)"
+            )
         if self.bits not in BITS:
             raise ActionError(
                 f"{where}.bits: expected one of {', '.join(map(str, BITS))}, got {self.bits!r}"
