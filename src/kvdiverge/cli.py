@@ -75,8 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument(
         "--budgets",
-        help="a budget sweep: every action with a budget (not the baseline) at each of these "
-        "budgets, e.g. 0.25,0.5,0.75 (labels LABEL@b); writes budget_sweep.{csv,png,pdf}",
+        help="a paired budget grid: every action with a budget, the baseline too, at each of "
+        "these budgets, e.g. 0.25,0.5,0.75 (labels LABEL@b; all fractions or all token counts), "
+        "each contrasted with the baseline at its own budget; writes budget_sweep.{csv,png,pdf} "
+        "and budget_contrasts.{csv,md}",
     )
     compare.add_argument("--K", type=int, default=4, help="replicates per prompt (default 4)")
     compare.add_argument("--H", type=int, default=32, help="generated tokens (default 32)")

@@ -51,6 +51,7 @@ from kvdiverge.compare.inputs import (
     user_documents,
     window_hint,
 )
+from kvdiverge.compare.record import folder_metrics, metric_name
 from kvdiverge.compare.tasks import (
     TaskSuite,
     check_task_numbers,
@@ -191,25 +192,26 @@ def compare(
     """Run a small study of ``actions`` on ``prompts`` with ``model`` (module docstring).
 
     ``model``: a local model folder or a hub id in the cache; ``prompts``: a ``.jsonl`` or
-    ``.parquet`` file of records (``prompt``, ``answers``, optional ``id``, ``task``, ``context``),
-    or a list of such records or a DataFrame of them;
-    ``actions``: ``"a,b"`` or a list of items (:func:`kvdiverge.compare.actions.parse_actions`);
-    ``baseline``: the label of one of them, or an action item of its own, that every other action
-    is contrasted against (``contrasts.csv``, ``summary.md``); ``budgets``: a sweep, each action
-    with a budget (not the baseline) run at every budget given (``0.25,0.5,0.75``; labels
-    ``LABEL@b``), with ``budget_sweep.{csv,png,pdf}``; ``K`` replicates per prompt and
-    action; ``H`` generated tokens; ``temperature``: the decoding temperature (0: greedy, and
-    K = 1 since every replicate is the same path); ``out`` (optional) the folder for the files,
-    new or empty unless ``force`` (which replaces only what an earlier compare wrote there:
+    ``.parquet`` file of records (``prompt``, ``answers``, optional ``id``, ``task``,
+    ``context``), or a list of such records or a DataFrame of them; ``actions``: ``"a,b"`` or a
+    list of items (:func:`kvdiverge.compare.actions.parse_actions`); ``baseline``: the label of
+    one of them, or an action item of its own, that every other action is contrasted against
+    (``contrasts.csv``, ``summary.md``); ``budgets``: a paired grid, each action with a budget,
+    the baseline too, run at every budget given (``0.25,0.5,0.75``; labels ``LABEL@b``) and
+    contrasted with the baseline at its own budget, with ``budget_sweep.{csv,png,pdf}`` and
+    ``budget_contrasts.{csv,md}``; ``K`` replicates per prompt and action; ``H`` generated
+    tokens; ``temperature``: the decoding temperature (0: greedy, and K = 1 since every
+    replicate is the same path); ``out`` (optional) the folder for the files, new or empty
+    unless ``force`` (which replaces only what an earlier compare wrote there:
     :mod:`kvdiverge.compare.folder`); ``metric``: the accuracy metric
-    (:data:`kvdiverge.datasets.scoring.METRICS`). Every input is checked before the model
-    loads (those that need no tokenizer before torch and transformers are imported); each
-    failure is one :class:`CompareError` line, and nothing is written. Messages and live
-    progress (by prompt and by decode step, with rate and ETA) go to stderr, or to ``log``
-    (one line per call, never a carriage return) when given; ``quiet``: neither.
-    ``tasks`` (with ``prompts`` None): named task suites instead of a prompts file,
-    ``ruler:niah_single_1,ruler:vt``, fitted to ``context`` tokens, ``limit`` documents per
-    task, each scored by its suite's metric (:mod:`kvdiverge.compare.tasks`).
+    (:data:`kvdiverge.datasets.scoring.METRICS`). Every input is checked before the model loads
+    (those that need no tokenizer before torch and transformers are imported); each failure is
+    one :class:`CompareError` line, and nothing is written. Messages and live progress (by
+    prompt and by decode step, with rate and ETA) go to stderr, or to ``log`` (one line per
+    call, never a carriage return) when given; ``quiet``: neither. ``tasks`` (with ``prompts``
+    None): named task suites instead of a prompts file, ``ruler:niah_single_1,ruler:vt``, fitted
+    to ``context`` tokens, ``limit`` documents per task, each scored by its suite's metric
+    (:mod:`kvdiverge.compare.tasks`).
 
     Files in ``out``: :func:`planned_files`.
     """
@@ -319,62 +321,6 @@ def _check_source(
     suite = parse_tasks(tasks)
     check_task_numbers(context, 12 if limit is None else limit, H)
     return suite
-
-
-def _metric_name(documents: pl.DataFrame) -> str:
-    """The accuracy metric as sentences name it: one metric, or "each task's metric (...)"."""
-    metrics = sorted(set(documents["metric"].to_list()))
-    return metrics[0] if len(metrics) == 1 else f"each task's metric ({', '.join(metrics)})"
-
-
-def documents_digest(documents: pl.DataFrame) -> str:
-    """SHA-256 of the prompts and answers in document order (canonical JSON): two runs on the
-    same prompts share it, wherever their files lie."""
-    import hashlib
-    import json
-
-    rows = documents.select("doc_id", "prompt", "answers").to_dicts()
-    text = json.dumps(rows, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _metrics(
-    name: str,
-    model: str,
-    labelled: Sequence[LabelledAction],
-    pairs: dict[str, str],
-    estimands: pl.DataFrame,
-    contrasts: pl.DataFrame | None,
-    accuracy: pl.DataFrame,
-    documents: pl.DataFrame,
-    *,
-    metadata: dict[str, Any],
-    **settings: Any,
-) -> dict[str, Any]:
-    """The folder's ``metrics.json`` record (:mod:`kvdiverge.tables.metrics`)."""
-    from kvdiverge import __version__
-    from kvdiverge.tables.metrics import metrics_record
-
-    own = settings | {
-        "coupling": metadata["coupling"],
-        "documents": documents_digest(documents),
-        "n_documents": documents.height,
-        "dtype": metadata["dtype"],
-        "device": metadata["device"],
-        "model_path": metadata["model"]["path"],
-    }
-    return metrics_record(
-        kind="compare",
-        name=name,
-        models=[model],
-        actions={a.label: a.action.as_dict() | {"spec": a.spec} for a in labelled},
-        baseline=pairs or None,
-        settings=own,
-        estimands=estimands,
-        contrasts=contrasts,
-        accuracy=accuracy,
-        package_version=__version__,
-    )
 
 
 def _run(
@@ -537,7 +483,7 @@ def _run(
     table, summary = (None, "")
     if base is not None:
         table, summary = baseline_contrasts(
-            estimands, stats, acc_stats, names, pairs, H=H, metric=_metric_name(with_metrics),
+            estimands, stats, acc_stats, names, pairs, H=H, metric=metric_name(with_metrics),
             draws=draws, seed=seed, level=level, temperature=temperature,
         )  # fmt: skip
         head = render_headline_markdown(headline_table(estimands, accuracy, names))
@@ -576,7 +522,7 @@ def _run(
             write_sweep(swept, estimands, base, root, baseline_method=base_method)
         if by_budget is not None:
             write_budget_contrasts(by_budget, root)
-        record = _metrics(
+        record = folder_metrics(
             root.name, model_name, labelled, pairs, estimands, table, accuracy, documents,
             K=K, H=H, temperature=temperature, seed=seed, draws=draws, level=level,
             metric=metric, metadata=metadata, max_batch_rows=max_batch_rows,
