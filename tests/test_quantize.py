@@ -146,3 +146,43 @@ def test_bad_parameters_are_one_line(entry, message):
         parse_action({"selector": "quantize", **entry}, name="q")
     assert str(info.value).startswith(message)
     assert "\n" not in str(info.value)
+
+
+def test_compare_spec_bits_and_options():
+    from kvdiverge.compare.actions import CompareError, parse_actions
+
+    parsed = parse_actions(
+        "quantize@4bit,q2=quantize@2bit+group_size=16+residual=8,quantize+bits=8"
+    )
+    methods = [(a.label, a.action.method) for a in parsed]
+    assert [(label, m.bits, m.group_size, m.residual) for label, m in methods] == [
+        ("quantize@4bit", 4, 32, 0),
+        ("q2", 2, 16, 8),
+        ("quantize+bits=8", 8, 32, 0),
+    ]
+    assert all(a.action.budget is None for a in parsed)
+    with pytest.raises(
+        CompareError, match=r"^--actions: 'quantize@4bit\+bits=2': bits given twice$"
+    ):
+        parse_actions("quantize@4bit+bits=2")
+    with pytest.raises(CompareError, match="takes bits, not a budget"):
+        parse_actions("quantize@0.5")
+
+
+def test_compression_config_passes_every_check():
+    from pathlib import Path
+
+    from kvdiverge.config import check_config, load_yaml_strict
+
+    root = Path(__file__).resolve().parents[1]
+    path = root / "configs" / "compression.yaml"
+    cfg = load_yaml_strict(path)
+    check_config(cfg, root / "workflow" / "schemas" / "config.schema.yaml", files=[path])
+    actions = cfg["actions"]
+    assert actions["kivi-4bit"]["bits"] == 4 and actions["kivi-2bit"]["bits"] == 2
+    assert set(cfg["studies"]["study1"]["actions"]) == {
+        "kivi-4bit",
+        "kivi-2bit",
+        "snapkv-half",
+        "full",
+    }
