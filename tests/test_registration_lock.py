@@ -125,10 +125,10 @@ def test_an_evaluation_rollout_that_would_run_otherwise_is_refused(tmp_path, fie
         f"{json.dumps(now, sort_keys=True)[:40]}"
     )
     assert "but the lock registered" in message
+    where = 'docs/prespecification.md, "Changing it honestly"'
     assert message.endswith(
         f"register anew: delete {path} and rerun the workflow (a new registration, appended to "
-        f"{history_path(path)}, with a new evaluation seed; docs/prespecification.md, "
-        '"Changing it honestly")'
+        f"{history_path(path)}, with a new evaluation seed; {where})"
     )
     with pytest.raises(PrespecificationError, match="model 'other' is not registered"):
         check_rollout(lock, path, "other", {})

@@ -112,7 +112,11 @@ def test_the_registration_binds_the_rollouts_end_to_end(tmp_path):
         f"results/{STUDY}/lock.json: this evaluation rollout of {MODEL} would run rollout.code = "
     ), line
     assert "but the lock registered" in line and "register anew: delete" in line
-    assert all(p.read_bytes() == before[a] for a, p in _paths(work).items())  # nothing written
+    # refused before the model loaded: no rollout ran, no file was written (Snakemake removed
+    # the old outputs of the job it was made to run)
+    log = (work / f"results/logs/rollout/{STUDY}/{MODEL}/ruler-1024.log").read_text()
+    assert "attention kernel for" not in log and "documents (" not in log
+    assert not any(p.exists() for p in _paths(work).values())
 
     # ... and with the default rerun triggers it is a new registration, with its reason
     res = _run(work, override)

@@ -74,9 +74,7 @@ def prespecified_amendments(wildcards):
     study, actions = wildcards.study, rollout_actions(wildcards.study)
     script = rollout_script("evaluation")
     return {
-        group: prespecified_group(
-            config, study, group, actions, rollout_code(study, script, group)
-        )
+        group: prespecified_group(config, study, group, actions, rollout_code(study, script, group))
         for group in later_groups(study)
     }
 
