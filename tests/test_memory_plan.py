@@ -221,11 +221,15 @@ def test_estimate_within_15_percent_of_the_measured_peak(config, actions, K, H, 
     counts = {name: 2 if a["selector"] == "full" else K for name, a in actions.items()}
     args = {"config": config, "actions": actions, "K": counts, "H": H, "rows": rows}
     args["lengths"] = lengths
+    # one thread and one malloc arena: the resident memory then grows by what is allocated,
+    # not by how thread arenas happen to split it (measured: ±25% between runs without)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1"}
     out = subprocess.run(
         [sys.executable, "-c", MEASURE, json.dumps(args)],
         capture_output=True,
         text=True,
         check=True,
+        env={**env, "PYTHONHASHSEED": "0"},
     )
     measured = json.loads(out.stdout.strip().splitlines()[-1])["job"]
     shape = ModelShape.from_config({**config, "torch_dtype": "float32"})

@@ -191,11 +191,13 @@ def decode_bytes(shape: ModelShape, rows: int, k_max: int) -> float:
 def prefill_bytes(shape: ModelShape, n: int, window: int = 0) -> float:
     """The prefill of an n-token prompt besides its cache: a layer's activations (the MLP's
     three n·I products, four n·h hidden states, the q, k, v projections and their rotated
-    copies), the last position's logits in float32, and SnapKV's window scores of a layer
+    copies, the keys and values repeated to every query head for SDPA and its output,
+    3·n·H·d), the last position's logits in float32, and SnapKV's window scores of a layer
     (H·w·n float32)."""
     b = shape.dtype_bytes
     qkv = (shape.heads + 2 * shape.kv_heads) * shape.head_dim
-    activations = n * (3 * shape.intermediate + 4 * shape.hidden + 2 * qkv) * b
+    attention = 3 * shape.heads * shape.head_dim
+    activations = n * (3 * shape.intermediate + 4 * shape.hidden + 2 * qkv + attention) * b
     return activations + 4 * shape.vocab + 4 * shape.heads * window * n
 
 
