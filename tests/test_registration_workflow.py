@@ -44,8 +44,11 @@ def _paths(work: Path) -> dict[str, Path]:
     }
 
 
-def _run(work: Path, override: Path, *args: str) -> subprocess.CompletedProcess:
+def _run(work: Path, override: Path, *args: str, lock: bool = False) -> subprocess.CompletedProcess:
+    """Snakemake for the study's evaluation files (and its lock with ``lock``, as the default
+    target ``all`` asks for it)."""
     targets = [str(p.relative_to(work)) for p in _paths(work).values()]
+    targets += [f"results/{STUDY}/lock.json"] if lock else []
     return run_snakemake(
         work,
         *targets,
@@ -145,7 +148,7 @@ def test_the_registration_binds_the_rollouts_end_to_end(tmp_path):
     # 4. an erased history beside the evaluation trajectories: the re-lock stops
     history.unlink()
     lock_path.unlink()
-    res = _run(work, override)
+    res = _run(work, override, lock=True)
     assert res.returncode != 0
     line = _error_line(res)
     assert line.startswith(
