@@ -209,7 +209,9 @@ def study1_check(
     same = all(np.array_equal(c.x_token, c.y_token) for c in control)
     kept = [job_kept(actions, n) for _ in docs]
     names = [a.name for a in actions]
-    plan = plan_job(shape, [n] * len(docs), kept, names, K, 2, "full", H, rows, 32)
+    cuda = device.startswith("cuda")  # the CUDA masked pass's bias, the CPU's packed keys
+    args = (shape, [n] * len(docs), kept, names, K, 2, "full", H, rows, 32)
+    plan = plan_job(*args, packed=not cuda, bias=cuda)
     measured = Device("measured", *rates)
     assumed = published(device)
     steps = max(H - 1, 1)

@@ -53,6 +53,7 @@ __all__ = [
     "format_plan",
     "kv_bytes",
     "mask_bytes",
+    "masked_bias_bytes",
     "plan_config",
     "plan_job",
     "prefill_bytes",
@@ -245,21 +246,34 @@ def batch_peak(
     H: int,
     window: int = 0,
     packed: bool = False,
+    bias_rows: int = 0,
 ) -> dict[str, float]:
     """Peak bytes of one batch, by part: the weights, the prompt caches of its documents
     (``lengths``, ``kept[d]`` per action), and the larger of the longest document's prefill and
-    the decoding state of ``rows`` rows (units of at most ``k_max`` replicates)."""
+    the decoding state of ``rows`` rows (units of at most ``k_max`` replicates). ``bias_rows``:
+    the rows of the largest masked pass, whose additive bias the CUDA library kernels take
+    materialised, (1, H_kv, rows·G, n) in the model's dtype, one layer at a time
+    (:func:`masked_bias_bytes`)."""
     prefill = prefill_bytes(shape, max(lengths), window)
-    decoding = row_cache_bytes(shape, rows, H) + decode_bytes(shape, rows, k_max)
+    bias = masked_bias_bytes(shape, bias_rows, max(lengths))
+    decoding = row_cache_bytes(shape, rows, H) + decode_bytes(shape, rows, k_max) + bias
+    decodes = decoding >= prefill
     return {
         "weights": shape.parameters() * shape.dtype_bytes,
         "prompt caches": sum(
             _part_bytes(shape, n, k, packed) for n, k in zip(lengths, kept, strict=True)
         ),
-        "row caches": row_cache_bytes(shape, rows, H) if decoding >= prefill else 0.0,
-        "logits and coupling": decode_bytes(shape, rows, k_max) if decoding >= prefill else 0.0,
-        "prefill": prefill if decoding < prefill else 0.0,
+        "row caches": row_cache_bytes(shape, rows, H) if decodes else 0.0,
+        "logits and coupling": decode_bytes(shape, rows, k_max) if decodes else 0.0,
+        "masked bias": bias if decodes else 0.0,
+        "prefill": prefill if not decodes else 0.0,
     }
+
+
+def masked_bias_bytes(shape: ModelShape, rows: int, n: int) -> float:
+    """A masked pass's materialised additive bias for ``rows`` rows over an n-token prompt:
+    rows·H·n·b (every query head of every row, one layer at a time)."""
+    return rows * shape.heads * n * shape.dtype_bytes
 
 
 def plan_job(
@@ -274,10 +288,13 @@ def plan_job(
     max_batch_rows: int,
     window: int = 0,
     packed: bool = False,
+    bias: bool = False,
 ) -> JobPlan:
     """The job's batches (:func:`kvdiverge.engine.batches.plan_batches`, every member counted as
     evicting) and the largest batch peak. ``kept[d]``: document d's kept entries per action, in
-    ``actions`` order (the control among them); ``control``: the control's name, if any."""
+    ``actions`` order (the control among them); ``control``: the control's name, if any;
+    ``packed``: the CPU native kernel's packed keys; ``bias``: the CUDA masked pass's bias (a
+    document's rows in the batch, all counted as in its pass: a bound)."""
     groups = _groups(actions, K, K_control, control)
     per = [[g[0] for g in groups] for _ in lengths]
     reps = [[list(range(g[1])) for g in groups] for _ in lengths]
@@ -289,6 +306,9 @@ def plan_job(
         documents.append(tuple(docs))
         n_rows = sum(p.rows for p in batch)
         rows.append(n_rows)
+        per_doc = [sum(p.rows for p in batch if p.doc == d) for d in docs]
+        masked = [any(MASKED_MIN_FRACTION * lengths[d] <= k for k in kept[d]) for d in docs]
+        bias_rows = max((r for r, m in zip(per_doc, masked, strict=True) if m), default=0)
         parts = batch_peak(
             shape,
             [lengths[d] for d in docs],
@@ -298,6 +318,7 @@ def plan_job(
             H,
             window,
             packed,
+            bias_rows if bias else 0,
         )
         if sum(parts.values()) > sum(best.values()):
             best = parts
@@ -322,6 +343,7 @@ def auto_batch_rows(
     device_bytes: float,
     window: int = 0,
     packed: bool = False,
+    bias: bool = False,
 ) -> JobPlan:
     """The plan with the largest row budget that fits the device: whole documents' rows
     (evaluation and control together) up to every document in one call; below one document's
@@ -332,8 +354,8 @@ def auto_batch_rows(
     limit = usable_bytes(device_bytes)
 
     def plan(budget: int) -> JobPlan:
-        args = (shape, lengths, kept, actions, K, K_control, control, H, budget, window, packed)
-        return plan_job(*args)
+        args = (shape, lengths, kept, actions, K, K_control, control, H, budget, window)
+        return plan_job(*args, packed, bias)
 
     fitting = None
     for docs in range(1, len(lengths) + 1):
@@ -391,7 +413,7 @@ def format_plan(rows: Sequence[Mapping[str, Any]], device_gb: float) -> str:
     ]
     for r in rows:
         p = r["plan"]
-        decode = p.parts["row caches"] + p.parts["logits and coupling"]
+        decode = p.parts["row caches"] + p.parts["logits and coupling"] + p.parts["masked bias"]
         lines.append(
             f"| {r['job']} | {r['n']} | {r['K']} | {p.max_batch_rows} | {p.batches} | "
             f"{p.parts['weights'] / GB:.1f} | {p.parts['prompt caches'] / GB:.1f} | "
@@ -447,10 +469,10 @@ def plan_config(
                         continue
                     job = f"{study}/{stage}/{model}/{stratum['env']}-{stratum['label']}"
                     args = (shape, lengths, kept, names, K, K_control, control, H)
-                    if budget == "auto":
-                        plan = auto_batch_rows(*args, device_gb * GB, window)
+                    if budget == "auto":  # a CUDA plan: the masked pass's bias counted
+                        plan = auto_batch_rows(*args, device_gb * GB, window, bias=True)
                     else:
-                        plan = plan_job(*args, int(budget), window)
+                        plan = plan_job(*args, int(budget), window, bias=True)
                     rows.append({"job": job, "n": n, "K": K, "plan": plan, "shape": shape})
     return rows
 
@@ -485,7 +507,8 @@ def check_job_memory(
     kept = [job_kept(actions, n) for n in lengths]
     names = [a.name for a in actions]
     window = max((int(a.params.get("window", 0)) for a in actions), default=0)
-    plan = plan_job(shape, lengths, kept, names, K, K_control, control, H, max_batch_rows, window)
+    args = (shape, lengths, kept, names, K, K_control, control, H, max_batch_rows, window)
+    plan = plan_job(*args, bias=True)  # a CUDA plan: the masked pass's bias counted
     if plan.peak > device_bytes:
         check_fits(plan, device_bytes, max_batch_rows, job)
     return plan
