@@ -45,13 +45,20 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from kvdiverge.analysis.control import check_full_retention_control
+from kvdiverge.analysis.statistic_registry import (
+    STATISTICS,
+    AnalysisInputError,
+    Clock,
+    PathArrays,
+    statistic_columns,
+)
 from kvdiverge.io import read_verified_parquet, write_parquet_with_metadata
 from kvdiverge.io.documents import (
     SOURCE_COLUMNS,
@@ -66,7 +73,6 @@ from kvdiverge.io.trajectories import (
     read_trajectories,
     read_trajectory_metadata,
 )
-from kvdiverge.theory.risk import first_divergence
 
 __all__ = [
     "AnalysisInputError",
@@ -79,85 +85,6 @@ __all__ = [
 ]
 
 KEY_COLUMNS = ("doc_id", "action", "stratum", "cohort")
-
-
-class AnalysisInputError(ValueError):
-    """An analysis input (trajectory file, documents table, statistics table) is unusable."""
-
-
-@dataclass(frozen=True)
-class Clock:
-    """Step counts of the estimands for a horizon H (paper values at H = 128).
-
-    ``branch_depth`` d: the fixed branch cohort τ ≤ d with lags j = 1..d (64);
-    ``window``: early lags 1..window and late lags d − window + 1..d (16);
-    ``blocks``: generation-clock blocks as inclusive (first, last) steps ((1,32),(33,64),(65,128));
-    ``prefix``: prediction features use steps 1..prefix (32);
-    ``agreement_run``: local-agreement run length (16); ``saturation``: δ threshold (.99).
-    """
-
-    H: int
-    branch_depth: int
-    window: int
-    blocks: tuple[tuple[int, int], ...]
-    prefix: int
-    agreement_run: int
-    saturation: float = 0.99
-
-    def __post_init__(self) -> None:
-        h = self.H
-        if h < 2:
-            raise AnalysisInputError(f"clock: H must be at least 2, got {h}")
-        if not 1 <= self.branch_depth <= h // 2:
-            raise AnalysisInputError(
-                f"clock: branch_depth must lie in 1..H/2 = {h // 2} (τ + j ≤ H), "
-                f"got {self.branch_depth}"
-            )
-        if not 1 <= self.window <= self.branch_depth // 2 or self.window < 1:
-            raise AnalysisInputError(
-                f"clock: window must lie in 1..branch_depth/2 = {self.branch_depth // 2}, "
-                f"got {self.window}"
-            )
-        if not 1 <= self.prefix <= h:
-            raise AnalysisInputError(f"clock: prefix must lie in 1..H = {h}, got {self.prefix}")
-        if self.agreement_run < 1:
-            raise AnalysisInputError("clock: agreement_run must be at least 1")
-        edges = [b for blk in self.blocks for b in blk]
-        if not self.blocks or any(lo > hi or lo < 1 or hi > h for lo, hi in self.blocks):
-            raise AnalysisInputError(f"clock: blocks must be steps within 1..{h}, got {edges}")
-
-    @classmethod
-    def for_horizon(
-        cls,
-        H: int,
-        branch_depth: float = 0.5,
-        window: float = 0.125,
-        block_edges: Sequence[float] = (0.25, 0.5),
-        prefix: float = 0.25,
-        agreement_run: float = 0.125,
-        saturation: float = 0.99,
-    ) -> Clock:
-        """The clock with every step count a fraction of H (paper values at H = 128).
-
-        Fractions are rounded to the nearest step (at least 1). ``block_edges`` are the last
-        steps of every block but the final one, as fractions of H.
-        """
-
-        def steps(f: float) -> int:
-            return max(1, int(round(f * H)))
-
-        d = steps(branch_depth)
-        ends = sorted({steps(f) for f in block_edges if steps(f) < H}) + [H]
-        starts = [1] + [e + 1 for e in ends[:-1]]
-        return cls(
-            H=H,
-            branch_depth=d,
-            window=max(1, int(round(window * H))),
-            blocks=tuple(zip(starts, ends, strict=True)),
-            prefix=steps(prefix),
-            agreement_run=steps(agreement_run),
-            saturation=saturation,
-        )
 
 
 def clock_terms(
@@ -179,39 +106,9 @@ def clock_terms(
 
 
 def stat_columns(clock: Clock) -> list[str]:
-    """Names of the per-document statistic columns for ``clock``, in order."""
-    scalars = [
-        "mismatch",
-        "mismatch_sq",
-        "diverged",
-        "tau_diverged",
-        "exposure",
-        "post_mismatch",
-        "rollout_tv",
-        "fixed_tv",
-        "saturation",
-        "branch_cohort",
-        "rf_seg0",
-        "rf_seg1",
-        "rf_seg2",
-        "rf_seg3",
-        "local_run",
-        "local_reentry",
-        "prefix_mismatch",
-        "prefix_diverged",
-        "prefix_x_eos",
-        "prefix_y_eos",
-        "prefix_fixed",
-    ]
-    h, d = clock.H, clock.branch_depth
-    profiles = (
-        [f"div_cdf@{t}" for t in range(1, h + 1)]
-        + [f"delta@{t}" for t in range(1, h + 1)]
-        + [f"branch@{j}" for j in range(1, d + 1)]
-        + [f"branch_pre@{j}" for j in range(1, d + 1)]
-        + [f"branch_pre_n@{j}" for j in range(1, d + 1)]
-    )
-    return scalars + profiles
+    """Names of the per-document statistic columns for ``clock``, in order: every statistic of
+    :data:`kvdiverge.analysis.statistic_registry.STATISTICS`, in registry order."""
+    return statistic_columns(clock)
 
 
 def path_statistics(
@@ -225,72 +122,25 @@ def path_statistics(
     """Per-path statistics (rows: paths, columns: :func:`stat_columns`).
 
     Inputs are (n_paths, H) arrays of I_t, δ_t, f_t and the EOS flags (“has emitted EOS at or
-    before t”). The table in the module docstring defines every column.
+    before t”). The table in the module docstring defines every built-in column; each is
+    computed by its entry of :data:`kvdiverge.analysis.statistic_registry.STATISTICS`.
     """
-    mism = np.asarray(mismatch, dtype=bool)
-    delta = np.asarray(tv_rollout, dtype=np.float64)
-    fixed = np.asarray(tv_fixed, dtype=np.float64)
-    n, h = mism.shape
+    paths = PathArrays(mismatch, tv_rollout, tv_fixed, x_eos, y_eos, clock)
+    n, h = paths.mismatch.shape
     if h != clock.H:
         raise AnalysisInputError(f"path_statistics: arrays have H = {h}, clock has H = {clock.H}")
-    steps = np.arange(1, h + 1)
-    tau = first_divergence(mism)
-    e_x = first_divergence(np.asarray(x_eos, dtype=bool))
-    e_y = first_divergence(np.asarray(y_eos, dtype=bool))
-    e_lo, e_hi = np.minimum(e_x, e_y), np.maximum(e_x, e_y)
-    diverged = tau <= h
-    after_tau = steps[None, :] > tau[:, None]
-    d, m = clock.branch_depth, clock.prefix
-
-    cohort = tau <= d
-    lag_steps = np.minimum(tau[:, None] + np.arange(1, d + 1)[None, :], h)  # τ + j, j = 1..d
-    branch_delta = np.take_along_axis(delta, lag_steps - 1, axis=1) * cohort[:, None]
-    pre_eos = cohort[:, None] & (lag_steps < e_lo[:, None])
-
-    gap = delta - fixed
-    t_row = steps[None, :]
-    segments = [
-        t_row < e_lo[:, None],
-        t_row == e_lo[:, None],
-        (t_row > e_lo[:, None]) & (t_row <= e_hi[:, None]),
-        t_row > e_hi[:, None],
-    ]
-
-    window = after_tau & (t_row < e_lo[:, None])  # post-τ, pre-EOS steps
-    agree = window & ~mism
-    agreed_so_far = np.cumsum(agree, axis=1)
-    reset_at = np.maximum.accumulate(np.where(agree, 0, agreed_so_far), axis=1)
-    longest_run = (agreed_so_far - reset_at).max(1)
-    reentry = (window & mism & (agreed_so_far > 0)).any(1)
-
-    cols = [
-        mism.sum(1) / h,
-        (mism.sum(1) / h) ** 2,
-        diverged.astype(float),
-        np.where(diverged, tau, 0).astype(float),
-        np.clip(h - tau, 0, None) / h,
-        (mism & after_tau).sum(1) / h,
-        delta.mean(1),
-        fixed.mean(1),
-        (delta > clock.saturation).sum(1) / h,
-        cohort.astype(float),
-        *[(gap * s).sum(1) / h for s in segments],
-        (cohort & (longest_run >= clock.agreement_run)).astype(float),
-        (cohort & reentry).astype(float),
-        mism[:, :m].sum(1) / h,
-        (tau <= m).astype(float),
-        (e_x <= m).astype(float),
-        (e_y <= m).astype(float),
-        fixed[:, :m].sum(1) / h,
-    ]
-    profiles = [
-        (tau[:, None] <= steps[None, :]).astype(float),
-        delta,
-        branch_delta,
-        branch_delta * pre_eos,
-        pre_eos.astype(float),
-    ]
-    return np.column_stack([np.column_stack(cols), *profiles])
+    blocks = []
+    for statistic in STATISTICS.values():
+        width = len(statistic.columns(clock))
+        values = np.asarray(statistic.compute(paths), dtype=np.float64)
+        expected = (n,) if statistic.index is None else (n, width)
+        if values.shape != expected and values.shape != (n, width):
+            raise AnalysisInputError(
+                f"statistic {statistic.column!r}: its function returned shape {values.shape} "
+                f"for {n} paths, expected {expected}"
+            )
+        blocks.append(values.reshape(n, width))
+    return np.column_stack(blocks)
 
 
 def _documents_frame(documents: pl.DataFrame | str | os.PathLike | Sequence) -> pl.DataFrame:

@@ -68,6 +68,7 @@ from kvdiverge.analysis.bootstrap import (
     stratified_bootstrap_weights,
 )
 from kvdiverge.analysis.document_stats import AnalysisInputError, Clock, stat_columns
+from kvdiverge.analysis.estimand_registry import ESTIMANDS, ratio, ratio_denominators
 from kvdiverge.io import atomic_path, atomic_write_text
 from kvdiverge.theory.risk import gap_decomposition
 
@@ -108,90 +109,33 @@ INTERVAL_COLUMNS = ("denominator_docs", "draws")
 _EXTRA = ("n_paths", "cohort_paths", "cohort_any")
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """num / den, NaN where the denominator is zero (an undefined ratio estimand)."""
-    out = np.full(np.broadcast_shapes(np.shape(num), np.shape(den)), np.nan)
-    np.divide(num, den, out=out, where=np.asarray(den) != 0)
-    return out
+_ratio = ratio  # num / den, NaN where the denominator is zero
 
 
 def action_estimands(
     means: Mapping[str, np.ndarray], clock: Clock, n_docs: int
 ) -> dict[str, np.ndarray]:
-    """Per-action estimands from document means (module docstring lists them).
+    """Per-action estimands from document means (module docstring lists them): every
+    ``action`` entry of :data:`kvdiverge.analysis.estimand_registry.ESTIMANDS`, in registry
+    order, by its function.
 
     ``means[name]`` holds the document mean of statistic ``name`` with any shape (e.g.
     (actions, draws)); every result has that shape. ``n_docs`` scales the cohort counts.
     """
-    h, d, w = clock.H, clock.branch_depth, clock.window
-    m = means
-    out: dict[str, np.ndarray] = {
-        "R_smc": m["mismatch"],
-        "O_H": m["diverged"] / h,
-        "E_H": m["exposure"],
-        "C_H": _ratio(m["post_mismatch"], m["exposure"]),
-        "Pi_H": m["post_mismatch"],
-        "div_prob": m["diverged"],
-        "mean_entry_time": _ratio(m["tau_diverged"], m["diverged"]),
-        "R": m["rollout_tv"],
-        "F": m["fixed_tv"],
-        "R_minus_F": m["rollout_tv"] - m["fixed_tv"],
-        "S_99": m["saturation"],
-    }
-    for t in range(1, h + 1):
-        out[f"div_cdf@{t}"] = m[f"div_cdf@{t}"]
-    for t in range(1, h + 1):
-        out[f"tv@{t}"] = m[f"delta@{t}"]
-    blocks = []
-    for lo, hi in clock.blocks:
-        blocks.append(sum(m[f"delta@{t}"] for t in range(lo, hi + 1)) / (hi - lo + 1))
-        out[f"block_tv@{lo}:{hi}"] = blocks[-1]
-    out["block_tv_change"] = blocks[-1] - blocks[0]
-
-    cohort = m["branch_cohort"]
-    out["branch_cohort_fraction"] = cohort
-    out["branch_cohort_docs"] = m["cohort_any"] * n_docs
-    out["branch_cohort_paths"] = m["cohort_paths"] * n_docs
-    early, late = range(1, w + 1), range(d - w + 1, d + 1)
-    for j in range(1, d + 1):
-        out[f"branch_tv@{j}"] = _ratio(m[f"branch@{j}"], cohort)
-    out["branch_early"] = _ratio(sum(m[f"branch@{j}"] for j in early) / w, cohort)
-    out["branch_late"] = _ratio(sum(m[f"branch@{j}"] for j in late) / w, cohort)
-    out["branch_contrast_B"] = out["branch_late"] - out["branch_early"]
-    for j in range(1, d + 1):
-        out[f"branch_pre_tv@{j}"] = _ratio(m[f"branch_pre@{j}"], m[f"branch_pre_n@{j}"])
-
-    def pre_window(lags: range) -> np.ndarray:
-        num = sum(m[f"branch_pre@{j}"] for j in lags)
-        return _ratio(num, sum(m[f"branch_pre_n@{j}"] for j in lags))
-
-    out["branch_pre_early"] = pre_window(early)
-    out["branch_pre_late"] = pre_window(late)
-    out["branch_pre_contrast_B"] = out["branch_pre_late"] - out["branch_pre_early"]
-
-    for k in range(4):
-        out[f"rf_S{k}"] = m[f"rf_seg{k}"]
-    out["pre_eos_share"] = _ratio(m["rf_seg0"], out["R_minus_F"])
-    out["eos_share"] = 1 - out["pre_eos_share"]
-    out["local_agreement_run"] = _ratio(m["local_run"], cohort)
-    out["local_reentry"] = _ratio(m["local_reentry"], cohort)
-    out["flat_extrapolation"] = m["prefix_mismatch"] * h / clock.prefix
-    out["R_minus_flat"] = m["rollout_tv"] - out["flat_extrapolation"]
+    out: dict[str, np.ndarray] = {}
+    for entry in ESTIMANDS.values():
+        if entry.computed_by != "action":
+            continue
+        value = entry.compute(means, clock, n_docs, out)
+        if isinstance(value, Mapping):
+            out.update(value)
+        else:
+            out[entry.column] = value
     return out
 
 
 _COHORT = (("branch_cohort", 1.0),)
-RATIO_DENOMINATORS: dict[str, tuple[tuple[tuple[str, float], ...], ...]] = {
-    "C_H": ((("exposure", 1.0),),),
-    "mean_entry_time": ((("diverged", 1.0),),),
-    "branch_early": (_COHORT,),
-    "branch_late": (_COHORT,),
-    "branch_contrast_B": (_COHORT,),
-    "local_agreement_run": (_COHORT,),
-    "local_reentry": (_COHORT,),
-    "pre_eos_share": ((("rollout_tv", 1.0), ("fixed_tv", -1.0)),),
-    "eos_share": ((("rollout_tv", 1.0), ("fixed_tv", -1.0)),),
-}
+RATIO_DENOMINATORS: dict[str, tuple[tuple[tuple[str, float], ...], ...]] = ratio_denominators()
 """The denominators of the per-action ratio estimands without a lag: each a tuple of
 denominators, each a sum of (document statistic, sign); a document carries the estimand's
 denominators when each of them is nonzero in its mean (:func:`denominator_terms` adds the
@@ -205,8 +149,9 @@ def denominator_terms(
     ``branch_tv@j`` over the branch cohort, ``branch_pre_tv@j`` over the pre-EOS paths at lag
     j, ``branch_pre_early`` / ``_late`` / ``_contrast_B`` over the pre-EOS paths of their
     windows); ``None`` for an estimand that is no ratio."""
-    if estimand in RATIO_DENOMINATORS:
-        return RATIO_DENOMINATORS[estimand]
+    static = ratio_denominators()  # the registry's, estimands registered later included
+    if estimand in static:
+        return static[estimand]
     if estimand.startswith("branch_tv@"):
         return (_COHORT,)
     if estimand.startswith("branch_pre_tv@"):
