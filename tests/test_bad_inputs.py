@@ -299,6 +299,7 @@ def test_shipped_configs_pass_every_check():
         "configs/tiny.yaml",
         "configs/paper.yaml",
         "configs/cpu-study.yaml",
+        "configs/cpu-study-greedy.yaml",
     ):
         cfg = load_yaml_strict(ROOT / name)
         check_config(cfg, SCHEMA, files=[ROOT / name])
