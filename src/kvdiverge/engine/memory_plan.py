@@ -390,12 +390,19 @@ def check_fits(plan: JobPlan, device_bytes: float, setting: int | str, job: str 
 
 def model_shape(spec: Mapping[str, Any], folder: str | Path | None = None) -> ModelShape | None:
     """A configured model's shape: its folder's ``config.json`` (``folder``, else its ``path``
-    when that is a folder), else :data:`KNOWN_CONFIGS` by hub id; None when neither."""
+    when that is a folder), else :data:`KNOWN_CONFIGS` by hub id; None when neither, or when
+    the folder's config lacks a shape the plan needs (logged: no plan, nothing refused; the
+    folder's own checks name what is wrong with it)."""
     dtype = str(spec.get("dtype", "auto"))
     for candidate in (folder, spec.get("path")):
         if candidate and (Path(candidate) / "config.json").is_file():
-            config = json.loads((Path(candidate) / "config.json").read_text())
-            return ModelShape.from_config(config, dtype, f"{candidate}/config.json")
+            where = f"{candidate}/config.json"
+            try:
+                config = json.loads((Path(candidate) / "config.json").read_text())
+                return ModelShape.from_config(config, dtype, where)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.info("%s: no memory plan (%s: %s)", where, type(exc).__name__, exc)
+                return None
     known = KNOWN_CONFIGS.get(str(spec.get("path")))
     if known is not None:
         return ModelShape.from_config(known, dtype, f"known config of {spec['path']}")
