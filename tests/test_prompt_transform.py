@@ -278,3 +278,18 @@ def test_cache_bytes_table_by_hand():
     assert rows["q4"]["budget"] == "4 bits" and rows["q4"]["start_share"] == 50 / 200
     with pytest.raises(ValueError, match="document b has no bytes of the control 'q4'"):
         cache_bytes_table({"q4": ({}, q4), "full": ({}, full)}, control="q4")
+
+
+@pytest.mark.parametrize("layout", ["masked", "auto"])
+def test_transform_runs_gathered_whatever_the_layout(demo, layout):
+    """The masked layout reads the prefill's own tensors: a transformation's rows attend to its
+    own cache in the gathered layout under every setting (the same values as ``gathered``), and
+    the identity shortcut never replaces them."""
+    model, ids, eos = demo
+    base = RolloutSettings(8, 2, prompt_attention="gathered")
+    other = RolloutSettings(8, 2, prompt_attention=layout, identity_shortcut=True)
+    want = rollout_document_actions(model, ids, [QUANT2], "doc-l", 2, eos, base)["q2"]
+    got = rollout_document_actions(model, ids, [QUANT2], "doc-l", 2, eos, other)["q2"]
+    assert np.array_equal(want.y_token, got.y_token)
+    assert np.array_equal(want.tv_rollout, got.tv_rollout)
+    assert got.tv_rollout[:, 1:].max() > 0
