@@ -92,6 +92,13 @@ def check_comparable(records: Sequence[dict[str, Any]], allow: Sequence[str] = (
     return differing
 
 
+def _shown(field: str, value: Any) -> str:
+    """A differing setting as the table shows it: a digest (``documents``) by its first 12
+    hexadecimal digits, anything else as text."""
+    text = str(value)
+    return text[:12] if field == "documents" and len(text) == 64 else text
+
+
 def _run_names(records: Sequence[dict[str, Any]]) -> list[str]:
     """Each run's name: its folder or study name, made unique with its parent folder."""
     names = [r["name"] for r in records]
@@ -117,7 +124,7 @@ def merge_runs(
     differing = check_comparable(records, allow)
     frames = []
     for run, r in zip(_run_names(records), records, strict=True):
-        extra = {f: str(r["settings"].get(f)) for f in differing}
+        extra = {f: _shown(f, r["settings"].get(f)) for f in differing}
         for source, rows in (("estimands", r["estimands"]), ("accuracy", r["accuracy"])):
             for row in rows:
                 if row.get("stratum") != "pooled":
