@@ -126,8 +126,11 @@ def test_the_rule_graph_has_one_node_per_rule():
 
     from kvdiverge.pipeline.report_graph import rule_graph
 
-    def job(rule: str) -> SimpleNamespace:
-        return SimpleNamespace(rule=SimpleNamespace(name=rule))
+    class Job:  # hashable by identity, as Snakemake's jobs are dict keys
+        def __init__(self, rule: str) -> None:
+            self.rule = SimpleNamespace(name=rule)
+
+    job = Job
 
     est1, est2, pred1 = job("estimands"), job("estimands"), job("prediction")
     tab1, tab2 = job("study_tables"), job("study_tables")  # study 1 waits for its prediction
