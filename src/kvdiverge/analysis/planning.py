@@ -51,11 +51,12 @@ Each entry's ``evaluation`` also carries the development stage's uncertainty abo
 predicted half-width (:func:`kvdiverge.analysis.plan_precision.half_width_spread`: σ_b²'s moment
 estimate before clipping, and bootstrap intervals of σ_b², σ_w² and the half-width).
 
-This module imports no other analysis module but :mod:`kvdiverge.analysis.plan_precision` on
-purpose: a change to its code re-plans, and a new plan re-locks the study and reruns its
-evaluation rollouts (`docs/prespecification.md`), so nothing but planning code may change the
-plan (the endpoints' path statistics are written here again, and a test holds them equal to
-:mod:`kvdiverge.analysis.document_stats`'s).
+This module imports no other analysis module but :mod:`kvdiverge.analysis.plan_precision` and
+the estimand and statistic registries on purpose: a change to its code re-plans, and a new plan
+re-locks the study and reruns its evaluation rollouts (`docs/prespecification.md`), so nothing
+but planning code and the estimands' definitions may change the plan (a mean endpoint's path
+statistic is the registry's; the branch windows are written here again, and a test holds them
+equal to :mod:`kvdiverge.analysis.document_stats`'s).
 """
 
 from __future__ import annotations
@@ -63,13 +64,16 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import polars as pl
 from scipy.stats import norm
 
+from kvdiverge.analysis.estimand_registry import mean_endpoints
 from kvdiverge.analysis.plan_precision import half_width_spread
+from kvdiverge.analysis.statistic_registry import STATISTICS, PathArrays, horizon_steps
 from kvdiverge.io.trajectories import (
     TrajectoryFormatError,
     read_trajectories,
@@ -97,13 +101,9 @@ TIMING_FIELDS = ("documents", "paths", "prefill_seconds", "selection_seconds", "
 COST_UNITS = "tokens"
 """The unit of c_doc, c_rep and ``cost``: one token through the model, prefilled or decoded."""
 
-_MEAN_ENDPOINTS = {
-    "R_smc": "mismatch",
-    "S_99": "saturation",
-    "div_prob": "diverged",
-    "R": "rollout_tv",
-    "F": "fixed_tv",
-}
+_MEAN_ENDPOINTS = mean_endpoints()
+"""{estimand: its path statistic} of every estimand that is a document average of one
+statistic (:func:`kvdiverge.analysis.estimand_registry.mean_endpoints`)."""
 _RATIO_ENDPOINTS = {  # numerator terms (column, sign) over the branch cohort
     "branch_contrast_B": (("branch_late", 1.0), ("branch_early", -1.0)),
     "branch_early": (("branch_early", 1.0),),
@@ -163,7 +163,8 @@ def development_paths(
 ) -> pl.DataFrame:
     """One row per path (document, replicate) of a development trajectory file: ``doc_id``,
     ``stratum``, ``n_prompt``, ``row_steps`` (2H + (H − τ)+) and the path statistics the plan
-    uses: ``mismatch`` (D_H), ``saturation``, ``diverged``, ``rollout_tv``, ``fixed_tv``,
+    uses: the statistic of every mean endpoint (:func:`_endpoint_statistics`: ``mismatch``
+    (D_H), ``saturation``, ``diverged``, ``rollout_tv``, ``fixed_tv``, ``exposure``, ...),
     ``branch_cohort`` (1{τ ≤ d}), ``branch_early`` and ``branch_late`` (the cohort's mean δ
     over lags 1..w and d − w + 1..d; ``clock``: ``analysis.clock``'s fractions of H).
 
@@ -193,7 +194,7 @@ def development_paths(
     delta = frame["tv_rollout"].to_numpy().astype(np.float64).reshape(n, H)
     fixed = frame["tv_fixed"].to_numpy().astype(np.float64).reshape(n, H)
     tau = np.where(mism.any(1), mism.argmax(1) + 1, H + 1)
-    d, w, threshold = _clock_steps(H, clock)
+    d, w, _ = _clock_steps(H, clock)
     cohort = tau <= d
     lags = np.minimum(tau[:, None] + np.arange(1, d + 1)[None, :], H)
     branch = np.take_along_axis(delta, lags - 1, axis=1) * cohort[:, None]
@@ -204,16 +205,33 @@ def development_paths(
             "stratum": stratum,
             "n_prompt": first["n_prompt"].cast(pl.Float64),
             "row_steps": (2 * H + np.clip(H - tau, 0, None)).astype(np.float64),
-            "mismatch": mism.mean(1),
-            "saturation": (delta > threshold).mean(1),
-            "diverged": (tau <= H).astype(np.float64),
-            "rollout_tv": delta.mean(1),
-            "fixed_tv": fixed.mean(1),
+            **_endpoint_statistics(path, frame, (mism, delta, fixed), n, clock),
             "branch_cohort": cohort.astype(np.float64),
             "branch_early": branch[:, :w].sum(1) / w,
             "branch_late": branch[:, d - w :].sum(1) / w,
         }
     )
+
+
+def _endpoint_statistics(
+    path: str | os.PathLike,
+    frame: pl.DataFrame,
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
+    n: int,
+    clock: Mapping[str, Any] | None,
+) -> dict[str, np.ndarray]:
+    """Per path, the statistic of every mean endpoint (:func:`mean_endpoints`), each computed
+    by its entry of :data:`kvdiverge.analysis.statistic_registry.STATISTICS`: I_t, δ_t, f_t
+    (``arrays``, (n, H)) and the file's EOS flags under the clock of ``clock``'s fractions."""
+    H = arrays[0].shape[1]
+    try:  # the clock's step counts, unchecked as _clock_steps's (a short H plans too)
+        steps = SimpleNamespace(**horizon_steps(H, **dict(clock or {})))
+    except TypeError as exc:
+        raise PlanningError(f"{path}: analysis.clock: {exc}") from exc
+    eos = [frame[c].to_numpy().reshape(n, H) for c in ("x_eos", "y_eos")]
+    batch = PathArrays(*arrays, *eos, steps)
+    names = dict.fromkeys(mean_endpoints().values())
+    return {s: np.asarray(STATISTICS[s].compute(batch), dtype=np.float64) for s in names}
 
 
 def _document_average(paths: pl.DataFrame, column: str | pl.Expr) -> float:
@@ -228,8 +246,9 @@ def endpoint_path_values(paths: pl.DataFrame, estimand: str) -> pl.Series | None
     ``estimand`` to first order (module docstring): the path statistic of a mean estimand, the
     linearisation (num − θ·den)/mean(den) of a ratio. ``None`` when the plan has no statistic
     for ``estimand`` or the development ratio is undefined (an empty branch cohort)."""
-    if estimand in _MEAN_ENDPOINTS:
-        return paths[_MEAN_ENDPOINTS[estimand]].rename("value")
+    means = mean_endpoints()  # the registry's, estimands registered later included
+    if estimand in means:
+        return paths[means[estimand]].rename("value")
     if estimand not in _RATIO_ENDPOINTS:
         return None
     num = sum(sign * pl.col(col) for col, sign in _RATIO_ENDPOINTS[estimand])

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ __all__ = [
     "Clock",
     "PathArrays",
     "Statistic",
+    "horizon_steps",
     "register_statistic",
     "statistic_columns",
 ]
@@ -96,27 +98,42 @@ class Clock:
         Fractions are rounded to the nearest step (at least 1). ``block_edges`` are the last
         steps of every block but the final one, as fractions of H.
         """
+        fractions = (branch_depth, window, block_edges, prefix, agreement_run, saturation)
+        return cls(**horizon_steps(H, *fractions))
 
-        def steps(f: float) -> int:
-            return max(1, int(round(f * H)))
 
-        d = steps(branch_depth)
-        ends = sorted({steps(f) for f in block_edges if steps(f) < H}) + [H]
-        starts = [1] + [e + 1 for e in ends[:-1]]
-        return cls(
-            H=H,
-            branch_depth=d,
-            window=max(1, int(round(window * H))),
-            blocks=tuple(zip(starts, ends, strict=True)),
-            prefix=steps(prefix),
-            agreement_run=steps(agreement_run),
-            saturation=saturation,
-        )
+def horizon_steps(
+    H: int,
+    branch_depth: float = 0.5,
+    window: float = 0.125,
+    block_edges: Sequence[float] = (0.25, 0.5),
+    prefix: float = 0.25,
+    agreement_run: float = 0.125,
+    saturation: float = 0.99,
+) -> dict[str, Any]:
+    """The fields of :meth:`Clock.for_horizon`'s clock, unchecked (a short H's clock that
+    :class:`Clock` refuses still has step counts)."""
+
+    def steps(f: float) -> int:
+        return max(1, int(round(f * H)))
+
+    ends = sorted({steps(f) for f in block_edges if steps(f) < H}) + [H]
+    starts = [1] + [e + 1 for e in ends[:-1]]
+    return {
+        "H": H,
+        "branch_depth": steps(branch_depth),
+        "window": max(1, int(round(window * H))),
+        "blocks": tuple(zip(starts, ends, strict=True)),
+        "prefix": steps(prefix),
+        "agreement_run": steps(agreement_run),
+        "saturation": saturation,
+    }
 
 
 class PathArrays:
     """One batch of paths: I_t (``mismatch``), δ_t (``delta``), f_t (``fixed``) and the EOS
-    flags ("has emitted EOS at or before t"), each (n_paths, H), with the :class:`Clock`.
+    flags ("has emitted EOS at or before t"), each (n_paths, H), with the :class:`Clock` (or
+    an object with its fields, :func:`horizon_steps`).
 
     The derived quantities are computed once, when a statistic first asks: τ (the first
     divergence, H + 1 when none), e_X / e_Y (first EOS step, H + 1 when never), e = min and
