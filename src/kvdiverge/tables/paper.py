@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import polars as pl
 
 from kvdiverge.analysis.bootstrap import distinct_resamples
+from kvdiverge.analysis.estimand_registry import ESTIMANDS
 from kvdiverge.tables.inputs import (
     StudyTableError,
     actions_in,
@@ -26,6 +27,7 @@ from kvdiverge.tables.inputs import (
 from kvdiverge.tables.render import write_table
 from kvdiverge.tables.study_table import (
     COUNT,
+    PERCENT,
     PP,
     STEPS,
     Cell,
@@ -40,30 +42,34 @@ from kvdiverge.tables.study_table import (
     measure_table,
 )
 
-TABLE1_MEASURES = (
-    Measure("R_smc", "R_SMC"),
-    Measure("O_H", "O_H"),
-    Measure("E_H", "E_H"),
-    Measure("C_H", "C_H"),
-    Measure("Pi_H", "Π_H"),
-    Measure("mean_entry_time", "E[τ | τ ≤ H]", STEPS),
-    Measure("S_99", "S_.99"),
+
+def registry_measure(
+    column: str, unit: str | None = None, contrast: bool = False, label: str | None = None
+) -> Measure:
+    """A table column for an estimand of the registry
+    (:data:`kvdiverge.analysis.estimand_registry.ESTIMANDS`): its symbol (as a contrast: Δ and
+    the symbol) unless ``label`` is given, and its unit (steps, a count, else ``unit`` or a
+    percentage)."""
+    entry = ESTIMANDS[column]
+    units = {"steps": STEPS, "count": COUNT}
+    shown = label or (entry.shown_contrast if contrast else entry.name)
+    return Measure(column, shown, units.get(entry.unit, unit or PERCENT))
+
+
+TABLE1_MEASURES = tuple(
+    registry_measure(e) for e in ("R_smc", "O_H", "E_H", "C_H", "Pi_H", "mean_entry_time", "S_99")
 )
 TABLE2_MEASURES = (
-    Measure("R_smc", "ΔR_SMC", PP),
-    Measure("gap_occurrence", "occurrence", PP),
-    Measure("gap_exposure", "exposure", PP),
-    Measure("gap_rate", "rate", PP),
-    Measure("occurrence_share", "occurrence share"),
-    Measure("exposure_share", "exposure share"),
-    Measure("rate_share", "rate share"),
+    registry_measure("R_smc", PP, contrast=True),
+    *(registry_measure(e, PP) for e in ("gap_occurrence", "gap_exposure", "gap_rate")),
+    *(registry_measure(e) for e in ("occurrence_share", "exposure_share", "rate_share")),
 )
 TABLE3_CONTRAST_MEASURES = (
-    Measure("R_smc", "ΔR_SMC", PP),
-    Measure("gap_exposure", "exposure term", PP),
-    Measure("exposure_share", "exposure share"),
-    Measure("block_tv_change", "Δg", PP),
-    Measure("R_minus_F", "Δ(R − F)", PP),
+    registry_measure("R_smc", PP, contrast=True),
+    registry_measure("gap_exposure", PP, label="exposure term"),
+    registry_measure("exposure_share"),
+    registry_measure("block_tv_change", PP, contrast=True),
+    registry_measure("R_minus_F", PP, contrast=True),
 )
 TABLE4_QUANTITIES = (
     ("R", "Full-H rollout-TV gap"),
@@ -106,8 +112,7 @@ def table1_timing(
     rows show for each action (default its name; the CSV keeps the name).
     """
     needed = "table 1"
-    counts = (Measure("branch_cohort_docs", "cohort docs", COUNT),)
-    counts += (Measure("branch_cohort_paths", "cohort paths", COUNT),)
+    counts = (registry_measure("branch_cohort_docs"), registry_measure("branch_cohort_paths"))
     require_estimands(table, [m.estimand for m in TABLE1_MEASURES + counts], where, needed)
     actions = list(actions) if actions is not None else actions_in(table)
     records = []

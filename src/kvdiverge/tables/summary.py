@@ -11,6 +11,7 @@ from html import escape
 import polars as pl
 
 from kvdiverge.analysis.bootstrap import MIN_INTERVAL_DOCUMENTS
+from kvdiverge.analysis.estimand_registry import ESTIMANDS
 from kvdiverge.io import atomic_path, atomic_write_text
 from kvdiverge.tables.inputs import (
     StudyTableError,
@@ -40,52 +41,14 @@ from kvdiverge.tables.study_table import (
 )
 
 ESTIMAND_GLOSSARY = {
-    "R_smc": "token-mismatch risk R_SMC = O_H + Π_H",
-    "O_H": "occurrence O_H = P(τ ≤ H)/H",
-    "E_H": "post-divergence exposure E_H",
-    "C_H": "post-divergence mismatch rate C_H",
-    "Pi_H": "post-divergence component Π_H = E_H·C_H",
-    "div_prob": "divergence probability P(τ ≤ H)",
-    "mean_entry_time": "mean entry time E[τ | τ ≤ H]",
-    "R": "rollout-TV risk R (mean rollout TV)",
-    "F": "fixed-history risk F",
-    "R_minus_F": "R − F",
-    "S_99": "saturation S_.99 = mean over t of P(δ_t > .99)",
-    "block_tv_change": "generation-clock change: last − first block of E[δ_t]",
-    "branch_cohort_fraction": "branch cohort P(τ ≤ d)",
-    "branch_cohort_docs": "documents in the branch cohort",
-    "branch_cohort_paths": "paths in the branch cohort",
-    "branch_early": "branch TV, early lag window",
-    "branch_late": "branch TV, late lag window",
-    "branch_contrast_B": "branch contrast B = late − early",
-    "branch_pre_early": "branch TV before EOS, early window",
-    "branch_pre_late": "branch TV before EOS, late window",
-    "branch_pre_contrast_B": "branch contrast before EOS",
-    "rf_S0": "R − F in EOS segment S0 (before either EOS)",
-    "rf_S1": "R − F in EOS segment S1",
-    "rf_S2": "R − F in EOS segment S2",
-    "rf_S3": "R − F in EOS segment S3",
-    "pre_eos_share": "share of R − F before EOS",
-    "eos_share": "share of R − F at or after EOS",
-    "local_agreement_run": "branch cohort: a run of agreements after τ",
-    "local_reentry": "branch cohort: a mismatch after re-agreeing",
-    "flat_extrapolation": "flat extrapolation of the early-position mismatch",
-    "R_minus_flat": "R − flat extrapolation",
-    "gap_occurrence": "occurrence term ΔO_H of ΔR_SMC",
-    "gap_exposure": "exposure term ΔE_H·C̄_H of ΔR_SMC",
-    "gap_rate": "rate term ΔC_H·Ē_H of ΔR_SMC",
-    "occurrence_share": "occurrence term / ΔR_SMC",
-    "exposure_share": "exposure term / ΔR_SMC",
-    "rate_share": "rate term / ΔR_SMC",
+    e.column: e.description
+    for e in ESTIMANDS.values()
+    if e.profile is None and e.computed_by != "accuracy"
 }
-"""One line per scalar estimand name of ``estimands.csv``."""
-PROFILE_GLOSSARY = {
-    "div_cdf": "divergence CDF P(τ ≤ t)",
-    "tv": "generation clock E[δ_t]",
-    "block_tv": "block means of E[δ_t] (blocks a:b)",
-    "branch_tv": "divergence clock b_j = E[δ_{τ+j} | τ ≤ d]",
-    "branch_pre_tv": "divergence clock before EOS",
-}
+"""One line per scalar estimand name of ``estimands.csv``, from the estimand registry
+(:data:`kvdiverge.analysis.estimand_registry.ESTIMANDS`; the summary reads the registry itself,
+so an estimand registered later is described too)."""
+PROFILE_GLOSSARY = {e.column: e.description for e in ESTIMANDS.values() if e.profile}
 """One line per profile (estimands named ``name@x``)."""
 SUMMARY_ACTION_ESTIMANDS = (
     "R_smc",
@@ -113,10 +76,17 @@ SUMMARY_CONTRAST_ESTIMANDS = (
 _COUNT_ESTIMANDS = ("branch_cohort_docs", "branch_cohort_paths")
 
 
+def _description(name: str, default: str) -> str:
+    """The registry's description of an estimand (a profile by its stem), else ``default``."""
+    entry = ESTIMANDS.get(name)
+    return default if entry is None else entry.description
+
+
 def _summary_unit(estimand: str, contrast: bool) -> str:
-    if estimand in _COUNT_ESTIMANDS:
+    entry = ESTIMANDS.get(estimand)
+    if estimand in _COUNT_ESTIMANDS or (entry is not None and entry.unit == "count"):
         return COUNT
-    if estimand == "mean_entry_time":
+    if entry is not None and entry.unit == "steps":
         return STEPS
     if contrast or estimand.endswith("contrast_B"):
         return PP
@@ -174,7 +144,7 @@ def _summary_table(
             unit = _summary_unit(estimand, by == "contrast")
             widths = [half_width(r["ci_low"], r["ci_high"]) for r in by_key.values()]
             digits = decimals_for(widths, unit)
-            label = f"{estimand}: {ESTIMAND_GLOSSARY.get(estimand, estimand)}{unit_suffix(unit)}"
+            label = f"{estimand}: {_description(estimand, estimand)}{unit_suffix(unit)}"
             row: list[str] = [model, label]
             for key in columns_of:
                 r = by_key.get(key)
@@ -306,8 +276,8 @@ def estimands_summary(
         )
         if t is not None
     ]
-    glossary = [(n, ESTIMAND_GLOSSARY.get(n, "")) for n in scalars]
-    glossary += [(f"{base}@x", PROFILE_GLOSSARY.get(base, "")) for base in profiles]
+    glossary = [(n, _description(n, "")) for n in scalars]
+    glossary += [(f"{base}@x", _description(base, "")) for base in profiles]
     title = f"Estimands of {study}" if study else "Estimands"
     return EstimandsSummary(title, facts, tables, glossary)
 
