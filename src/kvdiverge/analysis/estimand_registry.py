@@ -202,7 +202,7 @@ _BUILTIN = (
     ),
     _mean(
         "div_prob", "P(τ ≤ H)", "divergence probability P(τ ≤ H)", "lower", _T, "diverged",
-        glossary="the chance that they differ at all within the horizon",
+        glossary="the chance that the two generations differ at all within the horizon",
     ),
     Estimand(
         "mean_entry_time", "E[τ | τ ≤ H]", "mean entry time E[τ | τ ≤ H]", "higher", _T,
