@@ -1,5 +1,5 @@
 """Two forms of a config's ``actions.<name>`` entry besides its selector, budget and parameters
-(issue 31, items 1 and 5; ``docs/configuration.md``, "Actions"): a display ``label``, and a
+(``docs/configuration.md``, "Actions"): a display ``label``, and a
 budget sweep ``budgets``. Both are handled once at parse time by
 :func:`kvdiverge.config.check_config` (:func:`actions_problem`, after the schema check).
 

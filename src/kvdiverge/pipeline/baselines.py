@@ -1,4 +1,4 @@
-"""A study's ``baseline`` (``studies.<study>.baseline``; issue 31, item 2): the action every
+"""A study's ``baseline`` (``studies.<study>.baseline``): the action every
 other compared action of the study is set against in its ``contrasts.{csv,md}`` and
 ``summary.md`` (rule study_contrasts; :mod:`kvdiverge.tables.contrasts`). Checked at parse time
 by :func:`kvdiverge.config.check_config`."""

@@ -1,4 +1,4 @@
-"""The pipeline's decoding temperature (``rollout.temperature``; issue 31, item 4): its checks
+"""The pipeline's decoding temperature (``rollout.temperature``): its checks
 and what it implies for the studies' replicates, run at parse time by
 :func:`kvdiverge.config.check_config`.
 

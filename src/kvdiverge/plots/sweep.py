@@ -1,5 +1,5 @@
-"""The budget-sweep figure: the divergence measures of each method against its budget (issue 31,
-item 5), for ``kvdiverge compare --budgets`` (:mod:`kvdiverge.compare.sweep`) and a study's
+"""The budget-sweep figure: the divergence measures of each method against its budget,
+for ``kvdiverge compare --budgets`` (:mod:`kvdiverge.compare.sweep`) and a study's
 figure ``budget_sweep.{png,pdf}`` (rule study_sweep_figure; the swept actions from
 :func:`kvdiverge.pipeline.actions.budget_sweeps`).
 
