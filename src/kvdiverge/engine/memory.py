@@ -6,8 +6,8 @@ mmap threshold (128 KiB, raised on the fly up to 32 MiB) with a fresh ``mmap`` a
 the system when freed, so the next call's same-sized block costs a page fault per 4 KiB page.
 :func:`keep_freed_memory` raises the threshold to its maximum and stops the heap from being
 trimmed: freed blocks are reused, not faulted in again. Measured on a 4K SmolLM2 job
-(``benchmarks/README.md``, "Allocator"): system time 2.9 s → 0.8 s of a 33 s run, the same user
-time, the same results (allocation does not change any arithmetic). Peak memory is the same;
+(``benchmarks/README.md``, "Allocator"): less system time, the same user time, the same results
+(allocation does not change any arithmetic). Peak memory is the same;
 memory freed after a peak stays with the process until it exits.
 """
 

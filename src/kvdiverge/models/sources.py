@@ -382,7 +382,7 @@ def gguf_parsed_once() -> Iterator[None]:
     transformers' GGUF loading constructs a ``gguf.GGUFReader`` for the tokenizer, again for
     the config and again for the weights, and ``gguf.get_tensor_name_map(arch, n_blocks)`` once
     per module of the model; a reader parses every metadata field in Python (SmolLM2's 49,152
-    tokens and merges: about 6 s each on the development machine), a name map takes tens of
+    tokens and merges take seconds each), a name map takes tens of
     milliseconds. In the block ``gguf.GGUFReader(path)`` returns one read-only reader per file
     and ``gguf.get_tensor_name_map`` one map per argument list; both are restored on exit.
     The readers are the library's own objects, so the conversion is unchanged (tested against
