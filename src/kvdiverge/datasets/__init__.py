@@ -9,6 +9,10 @@ written by :mod:`kvdiverge.datasets.materialize`. Synthetic fixtures for the emb
 environment (:mod:`kvdiverge.datasets.registry`): ``ruler``, ``helmet`` and ``custom`` (the
 user's own JSONL or Parquet prompts, :mod:`kvdiverge.datasets.custom`), imported here so that
 they are registered whenever the package is.
+
+The environments' own modules are :mod:`kvdiverge.datasets.ruler_env` and
+:mod:`kvdiverge.datasets.helmet_env`; the task metrics :mod:`kvdiverge.datasets.scoring`;
+sentence splitting and haystack prose :mod:`kvdiverge.datasets.text`.
 """
 
 from kvdiverge.datasets import custom, helmet_env, ruler_env  # noqa: F401  (registration)

@@ -16,6 +16,13 @@
 This module gathers their public names, so that ``from kvdiverge.engine import …`` reads as
 one API. The rollout jobs' names load on first use (they need polars; the engine itself needs
 only torch, transformers and numpy, as ``benchmarks/device_check.py`` on a bare GPU machine does).
+
+Beside them: :mod:`kvdiverge.engine.kernels` (the attention kernels and their dispatch),
+:mod:`kvdiverge.engine.families` (the attention the engine computes exactly, and the refusal of
+the rest), :mod:`kvdiverge.engine.job_records` (what a job's files record per action besides
+their rows), :mod:`kvdiverge.engine.memory` (the allocator setting), and
+:mod:`kvdiverge.engine.memory_plan` and :mod:`kvdiverge.engine.roofline` (a job's memory plan
+and least time, before any weight is loaded).
 """
 
 import importlib

@@ -30,6 +30,11 @@ longest head, and declares its counts (:meth:`Selector.kept_per_layer`).
 Whatever a selector returns is checked before any decoding, and the shared prefill is shown
 unchanged after each selector (:mod:`kvdiverge.eviction.contract`): one :class:`ActionError`
 line naming the action and the selector otherwise.
+
+Modules: ``budgets``, ``prefill``, ``selectors``, ``run`` (running the prefill and the
+selectors), ``contract``, ``builtin`` (``full``, ``recent``, ``snapkv``), ``kvpress_bridge``,
+``kvpress_status`` (every press kvpress exports, bridged or refused), ``transforms`` and
+``quantize``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ share.
   here);
 * :mod:`kvdiverge.io.documents`: the documents file of a stratum;
 * :mod:`kvdiverge.io.trajectories`: trajectory files (one action, one stratum);
-* :mod:`kvdiverge.io.swrb_records`: SWRB record files.
+* :mod:`kvdiverge.io.swrb_records`: SWRB record files;
+* :mod:`kvdiverge.io.roles`: a stored file's role against where it is read;
+* :mod:`kvdiverge.io.locks`: a study's lock file, its registration history and rollout side;
+* :mod:`kvdiverge.io.model_digest`: the digests of a model folder's weights and tokenizer.
 """
 
 from kvdiverge.io.files import (

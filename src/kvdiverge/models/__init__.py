@@ -2,6 +2,9 @@
 sources (:mod:`kvdiverge.models.sources`: GGUF, safetensors, hub folders), detokenizing answers
 (:mod:`kvdiverge.models.detokenize`) and the demo models' training
 (:mod:`kvdiverge.models.training`, :mod:`kvdiverge.models.training_job`).
+
+The tokenizer's checks against its model folder: :mod:`kvdiverge.models.checks`; the demo
+models' curriculum: :mod:`kvdiverge.models.curriculum`.
 """
 
 from kvdiverge.models.loading import (

@@ -31,6 +31,11 @@ Modules: :mod:`~kvdiverge.tables.inputs` (reading and checking the analysis outp
 LaTeX, HTML), :mod:`~kvdiverge.tables.accuracy` (Table A) and
 :mod:`~kvdiverge.tables.summary` (the tidy estimands and their summary). This package gathers
 their public names.
+
+Also: :mod:`kvdiverge.tables.generations` (generations side by side),
+:mod:`kvdiverge.tables.headline` (each action's divergence and accuracy side by side),
+:mod:`kvdiverge.tables.landing` (a study's part of the report's landing page) and
+:mod:`kvdiverge.tables.metrics` (``metrics.json``).
 """
 
 from kvdiverge.analysis.estimands import ESTIMAND_COLUMNS
