@@ -277,6 +277,7 @@ rule study_metrics:  # metrics.json: what `kvdiverge merge` reads (kvdiverge.tab
         "../../envs/kvdiverge.yaml"
     params:
         baseline=lambda w: baseline_pairs(config, w.study),  # each action's baseline
+        baseline_name=lambda w: config["studies"][w.study].get("baseline"),
         draws=lambda w: config["studies"][w.study]["bootstrap_draws"],
         level=config["analysis"]["level"],
         config_sha256=CONFIG_SHA256,

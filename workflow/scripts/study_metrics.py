@@ -62,6 +62,7 @@ log.info(
 )  # fmt: skip
 
 compared = [a for a in design["actions"] if a != design.get("control")]
+compared = sorted(compared, key=lambda a: a != p.baseline_name)  # the baseline's row first
 strata = [s for s in estimands["stratum"].unique(maintain_order=True).to_list() if s != "pooled"]
 landing = render_landing_rst(
     snakemake.wildcards.study,

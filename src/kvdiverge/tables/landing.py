@@ -79,7 +79,9 @@ def _contrast_rst(contrasts: pl.DataFrame, model: str, title: str) -> list[str]:
 def _figure_rst(png: str | os.PathLike | None, study: str) -> list[str]:
     if png is None or not Path(png).is_file():
         return []
-    data = base64.b64encode(Path(png).read_bytes()).decode()
+    # docutils refuses a line over 10,000 characters, and a data URL's base64 may hold
+    # whitespace (browsers drop it), so the image goes in lines of 76 characters
+    data = base64.encodebytes(Path(png).read_bytes()).decode().replace("\n", "\n   ")
     alt = (
         f"Figure 5 of {study}: the probability that the evicted-cache generation has diverged "
         "by step t"
@@ -136,9 +138,13 @@ def render_landing_rst(
     weight = 100 / total if total else float("nan")
     note = accuracy_resolution(contrasts, total) if contrasts is not None else None
     lines.append(
-        f"What {total} documents allow: one document moves an action's pooled accuracy by "
-        f"{weight:.0f} points, and every interval above is over documents."
-        + (f" {note}" if note else "")
+        f"What {total} documents allow: "
+        + (
+            note
+            if note
+            else f"one document moves an action's pooled accuracy by {weight:.0f} points, and "
+            "every interval above is over documents."
+        )
     )
     if registration:
         lines += ["", f"*{rst_text(registration)}*"]
