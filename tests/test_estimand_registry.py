@@ -183,3 +183,24 @@ def test_the_readme_glossary_is_the_registry():
     for column in columns:
         entry = ESTIMANDS[column.split("@")[0]]
         assert entry.glossary is not None and entry.better, column
+
+
+def test_the_analysis_docs_name_every_estimand():
+    """`docs/analysis.md`, "Estimand names", names every estimand of the registry (a profile as
+    ``stem@x``; ``rf_S0..rf_S3`` and ``*_share`` as written there)."""
+    text = (ROOT / "docs" / "analysis.md").read_text(encoding="utf-8")
+    start = text.index("\n## Estimand names\n")
+    section = text[start : text.index("\n## ", start + 1)]
+    names = {w.strip() for t in re.findall(r"`([^`]+)`", section) for w in t.split(",")}
+    for first, last in [n.split("..") for n in names if ".." in n]:
+        stem = first.rstrip("0123456789")
+        names |= {f"{stem}{k}" for k in range(int(first[len(stem) :]), int(last[len(stem) :]) + 1)}
+    suffixes = [n[1:] for n in names if n.startswith("*")]
+
+    def named(e: Estimand) -> bool:
+        if e.profile:
+            return any(n.startswith(f"{e.column}@") for n in names)
+        return e.column in names or any(e.column.endswith(s) for s in suffixes)
+
+    missing = [e.column for e in ESTIMANDS.values() if e.computed_by != "accuracy" and not named(e)]
+    assert not missing, f"docs/analysis.md, 'Estimand names', lacks {missing}"
