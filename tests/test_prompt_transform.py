@@ -293,3 +293,33 @@ def test_transform_runs_gathered_whatever_the_layout(demo, layout):
     assert np.array_equal(want.y_token, got.y_token)
     assert np.array_equal(want.tv_rollout, got.tv_rollout)
     assert got.tv_rollout[:, 1:].max() > 0
+
+
+def test_compare_runs_quantized_actions(tmp_path):
+    """``kvdiverge compare`` end to end with ``quantize@Nbit`` beside an eviction and a budget
+    sweep (the quantized action is not swept: it has no budget)."""
+    from kvdiverge.compare import compare
+    from kvdiverge.io.trajectories import read_trajectory_metadata
+
+    prompts = [
+        {"prompt": PROMPT + " What is the magic number?", "answers": ["482913"]},
+        {"prompt": PROMPT[:200] + " Where does the river flow?", "answers": ["north"]},
+    ]
+    compare(
+        ROOT / "data" / "models" / "tiny-llama",
+        prompts,
+        "q4=quantize@4bit+group_size=8,recent@0.5",
+        baseline="snapkv=snapkv@0.5+window=8",
+        budgets=[0.25, 0.5],
+        K=1,
+        H=6,
+        out=tmp_path / "out",
+        draws=100,
+        quiet=True,
+    )
+    files = sorted((tmp_path / "out" / "trajectories").glob("*.parquet"))
+    names = sorted(f.stem for f in files)
+    assert "q4" in names and not any(n.startswith("q4@") for n in names)
+    meta = read_trajectory_metadata(next(f for f in files if f.stem == "q4"))
+    assert meta["action"]["bits"] == 4 and meta["action"]["budget"] is None
+    assert "| q4 |" in (tmp_path / "out" / "summary.md").read_text()
