@@ -322,4 +322,8 @@ def test_compare_runs_quantized_actions(tmp_path):
     assert "q4" in names and not any(n.startswith("q4@") for n in names)
     meta = read_trajectory_metadata(next(f for f in files if f.stem == "q4"))
     assert meta["action"]["bits"] == 4 and meta["action"]["budget"] is None
+    held = {f.stem: read_trajectory_metadata(f)["cache_bytes"]["documents"] for f in files}
+    assert len(held["q4"]) == 2 and held["q4"].keys() == held["snapkv@0.5"].keys()
+    for doc_id, record in held["q4"].items():  # 4 bits: fewer bytes than SnapKV-half
+        assert 0 < sum(record["start"]) < sum(held["snapkv@0.5"][doc_id]["start"])
     assert "| q4 |" in (tmp_path / "out" / "summary.md").read_text()

@@ -144,9 +144,11 @@ def _write_trajectories(
     actions: Sequence[LabelledAction],
     folder: Path,
     metadata: dict[str, Any],
+    held: dict[str, dict] | None = None,
 ) -> dict[str, list[Path]]:
     """Each action's trajectory file ``folder/trajectories/<escaped label>.parquet`` with the
-    contract's metadata (:mod:`kvdiverge.io.trajectories`), its label and spec text."""
+    contract's metadata (:mod:`kvdiverge.io.trajectories`), its label and spec text, and the
+    cache bytes ``held`` of each document (``docs/engine.md``, "Cache bytes")."""
     from kvdiverge.io.trajectories import write_trajectories
 
     paths = {}
@@ -158,6 +160,9 @@ def _write_trajectories(
             "spec": a.spec,
             "n_documents": frames[a.label]["doc_id"].n_unique(),
         }
+        if held is not None:
+            documents = held.get(a.label, {})
+            meta["cache_bytes"] = {"unit": "bytes", "per": "layer", "documents": documents}
         write_trajectories(frames[a.label], path, meta)
         paths[a.label] = [path]
     return paths
@@ -409,9 +414,11 @@ def _run(
     jobs = [(d, p, dict.fromkeys(names, K)) for d, p in documents.select("doc_id", "prompt").rows()]
     progress = _PromptProgress(keys, bar)
     try:
+        held: dict[str, dict] = {}  # each action's cache bytes per document
         frames = rollout_documents_actions(
-            lm, tokenizer, jobs, specs, eos, settings, progress, on_step=progress.on_step
-        )
+            lm, tokenizer, jobs, specs, eos, settings, progress, on_step=progress.on_step,
+            cache_bytes=held,
+        )  # fmt: skip
     except UnsupportedAttentionError as exc:  # docs/models.md, "Model families"
         raise CompareError(str(exc)) from None
     except ActionError as exc:  # a selector broke its contract (kvdiverge.eviction.contract)
@@ -442,7 +449,7 @@ def _run(
         claim_out(root, planned)
     with tempfile.TemporaryDirectory(prefix="kvdiverge-compare-") as scratch:
         work = root if root is not None else Path(scratch)
-        traj_paths = _write_trajectories(frames, labelled, work, metadata)
+        traj_paths = _write_trajectories(frames, labelled, work, metadata, held)
         stats, clock = document_stats(traj_paths, documents)
     if root is not None:
         files |= {f"trajectories/{a}": paths[0] for a, paths in traj_paths.items()}

@@ -233,6 +233,7 @@ def rollout_documents_actions(
     progress: Any = None,
     timing: dict[str, dict[str, float]] | None = None,
     on_step: Any = None,
+    cache_bytes: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Coupled rollouts of many documents under several actions: one trajectory table per action.
 
@@ -249,14 +250,17 @@ def rollout_documents_actions(
     ``paths`` and the seconds of the rollout (``prefill_seconds``: each document's shared
     prefill, counted in full for every action that runs it; ``selection_seconds``;
     ``decode_seconds``, the action's share of the batches its documents ran in).
+    ``cache_bytes``: optional dict filled with each action's cache bytes by ``doc_id``.
     """
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
     rollouts: dict[str, list[DocumentRollout]] = {a.name: [] for a in specs}
     documents = list(documents)
     ran = document_rollouts(model, tokenizer, documents, specs, eos_ids, settings, on_step=on_step)
-    for _, results in ran:
+    for doc_id, results in ran:
         for name, result in results.items():
             rollouts[name].append(result)
+            if cache_bytes is not None:
+                cache_bytes.setdefault(name, {})[doc_id] = result.cache_bytes
             if timing is not None:
                 add_timing(timing, name, result)
         if progress is not None:
