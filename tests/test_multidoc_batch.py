@@ -77,9 +77,9 @@ def unit_batches(monkeypatch) -> list[list[int]]:
     batches: list[list[int]] = []
     real = batches_module._rollout_units
 
-    def spy(model, units, eos_ids, settings):
+    def spy(model, units, eos_ids, settings, on_step=None):
         batches.append([unit.prefill.n for unit in units])
-        return real(model, units, eos_ids, settings)
+        return real(model, units, eos_ids, settings, on_step)
 
     monkeypatch.setattr(batches_module, "_rollout_units", spy)  # several documents a call
     monkeypatch.setattr(
@@ -200,10 +200,10 @@ def test_skipped_documents_and_out_of_memory(demo, unit_batches, monkeypatch):
 
     real = batches_module._rollout_units
 
-    def small_memory(model, units, eos_ids, settings):
+    def small_memory(model, units, eos_ids, settings, on_step=None):
         if sum(unit.rows for unit in units) > 9:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(model, units, eos_ids, settings)
+        return real(model, units, eos_ids, settings, on_step)
 
     monkeypatch.setattr(batches_module, "_rollout_units", small_memory)
     split = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
