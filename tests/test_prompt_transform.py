@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 import transformers
@@ -327,3 +328,10 @@ def test_compare_runs_quantized_actions(tmp_path):
     for doc_id, record in held["q4"].items():  # 4 bits: fewer bytes than SnapKV-half
         assert 0 < sum(record["start"]) < sum(held["snapkv@0.5"][doc_id]["start"])
     assert "| q4 |" in (tmp_path / "out" / "summary.md").read_text()
+    table = pl.read_csv(tmp_path / "out" / "cache_bytes.csv")
+    rows = {r["action"]: r for r in table.to_dicts()}
+    assert rows["q4"]["budget"] == "4 bits" and rows["snapkv@0.5"]["budget"] == "0.5"
+    # an eviction's share is its kept fraction of each prompt (floored), at the start
+    assert abs(rows["snapkv@0.5"]["start_share"] - 0.5) < 0.01
+    assert 0 < rows["q4"]["start_share"] < rows["snapkv@0.5"]["start_share"]
+    assert "| q4 | 4 bits | 2 |" in (tmp_path / "out" / "cache_bytes.md").read_text()

@@ -16,7 +16,14 @@ from typing import Any
 
 import polars as pl
 
-__all__ = ["CACHE_BYTES_COLUMNS", "budget_label", "cache_bytes_table", "read_cache_bytes"]
+__all__ = [
+    "CACHE_BYTES_COLUMNS",
+    "budget_label",
+    "cache_bytes_markdown",
+    "cache_bytes_table",
+    "full_cache_bytes",
+    "read_cache_bytes",
+]
 
 CACHE_BYTES_COLUMNS = (
     "action",
@@ -58,16 +65,27 @@ def read_cache_bytes(paths: Sequence[str | os.PathLike]) -> tuple[dict, dict[str
     return action, documents
 
 
+def full_cache_bytes(
+    n: int, H: int, layers: int, n_kv: int, head_dim: int, itemsize: int
+) -> dict[str, list[int]]:
+    """The full cache's bytes per layer for an n-token prompt: n entries × 2 × ``n_kv`` ×
+    ``head_dim`` × ``itemsize`` at the start, plus the H − 1 generated entries at the end."""
+    entry = 2 * n_kv * head_dim * itemsize
+    return {"start": [n * entry] * layers, "end": [(n + max(H - 1, 0)) * entry] * layers}
+
+
 def cache_bytes_table(
     actions: Mapping[str, tuple[Mapping[str, Any], Mapping[str, Mapping[str, Sequence[int]]]]],
-    control: str,
+    control: str | Mapping[str, Mapping[str, Sequence[int]]],
 ) -> pl.DataFrame:
     """:data:`CACHE_BYTES_COLUMNS` per action (module docstring) from ``actions``: name →
     (the action's metadata, ``{doc_id: {start: [per layer], end: [per layer]}}``), in order;
-    ``control`` names the action whose bytes the shares divide by."""
-    if control not in actions:
+    ``control`` names the action whose bytes the shares divide by, or gives the full cache's
+    bytes by document itself (:func:`full_cache_bytes`)."""
+    if isinstance(control, str) and control not in actions:
         raise ValueError(f"control: {control!r} is not among the actions {', '.join(actions)}")
-    base = actions[control][1]
+    base = actions[control][1] if isinstance(control, str) else control
+    named = repr(control) if isinstance(control, str) else "the full cache"
     rows = []
     for name, (action, documents) in actions.items():
         if not documents:
@@ -75,7 +93,7 @@ def cache_bytes_table(
         missing = [d for d in documents if d not in base]
         if missing:
             raise ValueError(
-                f"action {name!r}: document {missing[0]} has no bytes of the control {control!r}"
+                f"action {name!r}: document {missing[0]} has no bytes of the control {named}"
             )
         start = [sum(documents[d]["start"]) for d in documents]
         end = [sum(documents[d]["end"]) for d in documents]
@@ -94,3 +112,19 @@ def cache_bytes_table(
             }
         )
     return pl.DataFrame(rows, schema=list(CACHE_BYTES_COLUMNS), orient="row")
+
+
+def cache_bytes_markdown(table: pl.DataFrame) -> str:
+    """The table as Markdown: MiB (2^20 bytes) and shares in percent of the full cache."""
+    lines = [
+        "| action | budget | documents | MiB at step 1 | MiB at step H | share of full at "
+        "step 1, % | share of full at step H, % |",
+        "|:---|:---|---:|---:|---:|---:|---:|",
+    ]
+    for r in table.iter_rows(named=True):
+        lines.append(
+            f"| {r['action']} | {r['budget']} | {r['n_docs']} | {r['start_bytes'] / 2**20:.2f} "
+            f"| {r['end_bytes'] / 2**20:.2f} | {100 * r['start_share']:.1f} "
+            f"| {100 * r['end_share']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -128,7 +128,7 @@ def planned_files(
     files += ["fig5_divergence_cdf.png", "fig5_divergence_cdf.pdf", "accuracy.csv"]
     files += [f"table_accuracy.{e}" for e in _TABLE_FORMATS]
     files += ["accuracy.png", "accuracy.pdf", "generations.parquet", "generations.html"]
-    files += ["metrics.json"]
+    files += ["metrics.json", "cache_bytes.csv", "cache_bytes.md"]
     if baseline is not None:
         files += ["contrasts.csv", "contrasts.md", "summary.md"]
         files += ["contrasts.png", "contrasts.pdf", "decomposition.png", "decomposition.pdf"]
@@ -137,6 +137,40 @@ def planned_files(
     if sweep and baseline is not None:
         files += ["budget_contrasts.csv", "budget_contrasts.md"]
     return files
+
+
+def _write_cache_bytes(
+    actions: Sequence[LabelledAction],
+    held: dict[str, dict],
+    frames: dict[str, pl.DataFrame],
+    lm: Any,
+    H: int,
+    root: Path,
+) -> None:
+    """``cache_bytes.csv`` and ``.md``: each action's cache bytes beside its budget and as a
+    share of the full cache on the same prompts (:mod:`kvdiverge.analysis.cache_bytes`)."""
+    from kvdiverge.analysis.cache_bytes import (
+        cache_bytes_markdown,
+        cache_bytes_table,
+        full_cache_bytes,
+    )
+    from kvdiverge.io import atomic_path, atomic_write_text
+
+    config = lm.config
+    heads = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    shape = (config.num_hidden_layers, n_kv, head_dim, lm.dtype.itemsize)
+    lengths: dict[str, int] = {}
+    for frame in frames.values():
+        for doc_id, n in frame.select("doc_id", "n_prompt").unique().iter_rows():
+            lengths[doc_id] = int(n)
+    full = {d: full_cache_bytes(n, H, *shape) for d, n in lengths.items()}
+    specs = {a.label: (a.action.as_dict(), held.get(a.label, {})) for a in actions}
+    table = cache_bytes_table(specs, full)
+    with atomic_path(root / "cache_bytes.csv") as tmp:
+        table.write_csv(tmp)
+    atomic_write_text(root / "cache_bytes.md", cache_bytes_markdown(table))
 
 
 def _write_trajectories(
@@ -535,6 +569,7 @@ def _run(
             metric=metric, metadata=metadata, max_batch_rows=max_batch_rows,
         )  # fmt: skip
         write_metrics(record, root / "metrics.json")
+        _write_cache_bytes(labelled, held, frames, lm, H, root)
         finish_out(root, planned)
         files |= {p: root / p for p in planned if not p.startswith("trajectories/")}
         say(f"wrote {root}")
