@@ -7,7 +7,7 @@ refused in one line before decoding."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -335,3 +335,25 @@ def test_compare_runs_quantized_actions(tmp_path):
     assert abs(rows["snapkv@0.5"]["start_share"] - 0.5) < 0.01
     assert 0 < rows["q4"]["start_share"] < rows["snapkv@0.5"]["start_share"]
     assert "| q4 | 4 bits | 2 |" in (tmp_path / "out" / "cache_bytes.md").read_text()
+
+
+@dataclass(frozen=True)
+class Drifting(PromptTransform):
+    """Not deterministic: each call scales the keys by a new factor."""
+
+    name: ClassVar[str] = "drifting"
+    calls: list = field(default_factory=lambda: [0], compare=False)
+
+    def transform_layer(self, action, layer, keys, values, positions):
+        self.calls[0] += 1
+        return keys * (1 + 0.001 * self.calls[0]), values.clone()
+
+    def layer_bytes(self, action, n, n_kv, head_dim, itemsize):
+        return n_kv * n * 2 * head_dim * itemsize
+
+
+def test_nondeterministic_user_transform_refused(demo):
+    model, ids, eos = demo
+    action = {"name": "drift", "selector": "test_prompt_transform:Drifting"}
+    with pytest.raises(ActionError, match="returned different tensors when called twice"):
+        rollout_document_actions(model, ids, [action], "doc-d", 2, eos, RolloutSettings(4, 0))

@@ -14,7 +14,9 @@ and values (H_kv, n, d) (keys post-RoPE, as the prefill holds them) and their pr
 (H_kv, n), return that layer's keys and values (H_kv, m, d), m >= 1 entries per KV head in the
 prefill's dtype and on its device. :func:`transformed_prefix` calls it for every layer, checks
 what it returns (one :class:`ActionError` line naming the action, the layer and what was
-expected) and shows the prefill unchanged afterwards, before anything decodes.
+expected) and shows the prefill unchanged afterwards, before anything decodes; a user's
+transformation is also called twice on the first prompt of a process, and different tensors
+are refused (a seeded random one declares ``deterministic = False``, as a selector does).
 
 Bytes (:func:`prompt_bytes`, :func:`cache_bytes`): what each action's cache holds per layer, at
 the start of the horizon (the prompt part) and at its end (plus the H − 1 generated entries a
@@ -167,6 +169,21 @@ def transformed_prefix(
         part = user_call(action, "transform_layer", fn, action, layer, keys, values, positions)
         out.append(_checked_part(part, action, layer, keys))
     prefill.verified = check_unchanged(prefill, before, action, "transform_layer")
+    from kvdiverge.eviction.run import _first_call
+
+    if _first_call(action):  # a user's transformation, once per process: the same tensors again
+        for layer, (keys, values) in enumerate(zip(prefill.keys, prefill.values, strict=True)):
+            fn = method.transform_layer
+            again = user_call(action, "transform_layer", fn, action, layer, keys, values, positions)
+            again = _checked_part(again, action, layer, keys)
+            if not all(torch.equal(a, b) for a, b in zip(again, out[layer], strict=True)):
+                raise ActionError(
+                    f"{_where(action, layer)} returned different tensors when called twice on "
+                    "the same prefill; expected a deterministic transformation, or a seeded "
+                    "random one that declares deterministic = False and an integer `seed` "
+                    'parameter (docs/compare.md, "Your own selector")'
+                )
+        prefill.verified = check_unchanged(prefill, prefill.verified, action, "transform_layer")
     return out
 
 
