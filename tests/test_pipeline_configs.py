@@ -53,6 +53,7 @@ def _expected_jobs() -> dict[str, int]:
         "study_contrasts": sum(1 for s in studies if PAPER["studies"][s].get("baseline")),
         "accuracy": len(studies),
         "study_generations": len(studies),  # each study's generations page of the report
+        "study_metrics": len(studies),  # each study's metrics.json and landing section
         "introductory_figure": 1,
         "finite_state_systems": 1,
         "finite_state_figures": 1,
