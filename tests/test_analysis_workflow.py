@@ -153,7 +153,8 @@ def test_analysis_rules_on_synthetic_trajectories(analysed):
     markdown = (work / "results/study1/tables/estimands.md").read_text()
     assert markdown.startswith("Registration 1 of study1 (lock ")  # the lock's registration
     assert "no earlier registration; first registration)." in markdown.splitlines()[0]
-    assert markdown.splitlines()[2].startswith("| model")
+    assert markdown.splitlines()[2].startswith("Intervals: percentile bootstrap over documents")
+    assert markdown.splitlines()[4].startswith("| model")
     prediction = pl.read_csv(work / TARGETS[1])
     assert set(prediction["observation"]) == {"positions_1_32", "fixed_history", "uncalibrated"}
     plan = json.loads((work / TARGETS[2]).read_text())
