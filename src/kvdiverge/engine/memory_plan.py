@@ -445,6 +445,7 @@ def plan_config(
     Models whose shape is unknown (:func:`model_shape`) are left out. ``folders``: a model's
     folder by name (else its ``path``)."""
     from kvdiverge.eviction import parse_action
+    from kvdiverge.pipeline.actions import selector_entry
 
     datasets = config.get("datasets", {})
     reserve = int(datasets.get("generation_reserve", 128))
@@ -452,7 +453,10 @@ def plan_config(
     rollout = config.get("rollout", {})
     H, budget = int(rollout.get("H", 128)), rollout.get("max_batch_rows", 192)
     max_K = int(config.get("analysis", {}).get("planning", {}).get("max_K", 1))
-    specs = {name: parse_action(a, name=name) for name, a in config.get("actions", {}).items()}
+    specs = {  # the entries without their display keys (label), as the rollout rules parse them
+        name: parse_action(selector_entry(a), name=name)
+        for name, a in config.get("actions", {}).items()
+    }
     rows = []
     for model, spec in config.get("models", {}).items():
         shape = model_shape(spec, (folders or {}).get(model))
