@@ -384,3 +384,22 @@ def test_the_estimands_step_warns_when_one_study_mixes_numerics():
         'the trajectory files mix kernel: {"prompt_masked": "native-avx512"} (1 file(s), e.g. '
         'a.parquet); {"prompt_masked": "library"} (1 file(s), e.g. b.parquet)'
     ]
+
+
+def test_a_job_whose_loaded_model_or_kernels_differ_from_the_lock_is_refused():
+    from kvdiverge.engine.rollout_job import check_registered_numerics
+
+    model = {"name": "smollm2", "path": "data/models/smollm2"}
+    check_registered_numerics(ROLLOUT_MODEL, model, {"dtype": "float32", "device": "cpu"})
+    check_registered_numerics(ROLLOUT_MODEL, model, {"kernel": {"prompt_gathered": "x"}})
+    with pytest.raises(PrespecificationError) as info:
+        check_registered_numerics(ROLLOUT_MODEL, model, {"dtype": "bfloat16"})
+    assert str(info.value) == (
+        "rollout.models.smollm2.dtype: this evaluation rollout runs 'bfloat16', but the lock "
+        "registered 'float32' (from the development rollouts); run it where the development "
+        "ran, or register anew: delete the study's lock.json and rerun the workflow"
+    )
+    with pytest.raises(PrespecificationError, match=r"rollout\.models\.smollm2\.kernel: "):
+        check_registered_numerics(ROLLOUT_MODEL, model, {"kernel": {"prompt_masked": "lib"}})
+    with pytest.raises(PrespecificationError, match=r"rollout\.models\.smollm2\.device: "):
+        check_registered_numerics(ROLLOUT_MODEL, model, {"device": "cuda:0"})
