@@ -184,3 +184,14 @@ def test_too_few_bootstrap_draws_for_a_level_are_refused_at_config_time():
     assert bootstrap_draws_problem(config) is None
     config["studies"]["study1"]["bootstrap_draws"] = 1999
     assert "config.studies.study1.bootstrap_draws: 1999 draws" in bootstrap_draws_problem(config)
+
+
+def test_the_study_tables_say_the_draws(tmp_path):
+    from kvdiverge.analysis.estimands import draws_line
+
+    csv = tmp_path / "estimands.csv"
+    write_estimands(_estimands(tmp_path), str(csv), str(tmp_path / "estimands.md"))
+    assert draws_line(str(csv)) == "Intervals: percentile bootstrap over documents, 50 draws."
+    old = tmp_path / "old.csv"
+    pl.read_csv(csv).drop("draws").write_csv(old)
+    assert draws_line(str(old)) == ""  # written before the column existed: said nowhere

@@ -5,10 +5,13 @@ from kvdiverge.pipeline.logs import job_log
 
 log = job_log(snakemake)  # first: import errors and warnings go to the log too
 
+from kvdiverge.analysis.estimands import draws_line  # noqa: E402
 from kvdiverge.analysis.prespecification import read_lock, registration_line  # noqa: E402
 from kvdiverge.tables import write_estimands_summary, write_study_tables  # noqa: E402
 
-registration = registration_line(read_lock(snakemake.input.lock))
+# the lock's registration, and the draws every interval of the tables comes from
+draws = draws_line(snakemake.input.estimands)
+registration = " ".join(filter(None, [registration_line(read_lock(snakemake.input.lock)), draws]))
 out = snakemake.output
 outputs = {
     f"table{i}": tuple(out[f"table{i}_{ext}"] for ext in ("csv", "md", "tex", "html"))

@@ -82,6 +82,7 @@ __all__ = [
     "contrast_estimands",
     "control_max_tv",
     "denominator_documents",
+    "draws_line",
     "estimands_table",
     "render_markdown",
     "study_seed",
@@ -502,6 +503,19 @@ def render_markdown(table: pl.DataFrame, digits: int = 4, header: str | None = N
             f"{'NA' if r.get('draws_dropped') is None else r['draws_dropped']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def draws_line(path: str) -> str:
+    """One line giving the bootstrap draws of an ``estimands.csv``'s intervals (its ``draws``
+    column), for the tables built from it; empty for a table without the column."""
+    frame = pl.scan_csv(path, infer_schema_length=None)
+    if "draws" not in frame.collect_schema().names():
+        return ""
+    draws = frame.select(pl.col("draws").drop_nulls().unique()).collect()["draws"]
+    if draws.len() == 0:
+        return ""
+    counts = ", ".join(f"{int(d):,}" for d in sorted(draws))
+    return f"Intervals: percentile bootstrap over documents, {counts} draws."
 
 
 def write_estimands(
