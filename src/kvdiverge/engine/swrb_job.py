@@ -32,6 +32,7 @@ from kvdiverge.io.swrb_records import (
     swrb_frame,
     write_swrb_records,
 )
+from kvdiverge.models.checks import model_vocab_size
 
 __all__ = ["run_swrb_job", "swrb_documents_actions"]
 
@@ -111,7 +112,8 @@ def run_swrb_job(
 ) -> dict[str, pl.DataFrame]:
     """Run a job and write one SWRB record file per action (metadata as the trajectory files':
     model, action, H, K (cohort → K), seed, ``coupling: swrb``, ``temperature``, dtype, device,
-    n_documents, and ``documents``: the documents file and its SHA-256).
+    ``vocab_size`` (the model's: every token id lies below it, checked on read), n_documents,
+    and ``documents``: the documents file and its SHA-256).
 
     ``model``: ``path`` (a local folder) and optionally ``name``, ``dtype``, ``revision``,
     ``trust_remote_code``;
@@ -133,7 +135,9 @@ def run_swrb_job(
     from kvdiverge.pipeline.progress import RolloutProgress
 
     extra = dict(metadata or {})
-    clash = sorted(set(extra) & {*SWRB_METADATA_KEYS, "temperature", "eos_ids", "documents"})
+    clash = sorted(
+        set(extra) & {*SWRB_METADATA_KEYS, "temperature", "eos_ids", "documents", "vocab_size"}
+    )
     if clash:
         raise ValueError(f"metadata: key(s) {', '.join(clash)} are set by the job")
     problem = swrb_temperature_problem(temperature)
@@ -182,6 +186,7 @@ def run_swrb_job(
                 "device": str(lm.device),
                 "kernel": kernel_choices(),  # which kernel each attention layout ran
                 "eos_ids": list(job.eos_ids),
+                "vocab_size": model_vocab_size(lm),  # every token id lies below it
                 "n_documents": frame["doc_id"].n_unique(),
                 "documents": job.documents_record,
                 **extra,
