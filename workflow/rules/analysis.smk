@@ -28,6 +28,7 @@ rule document_stats:
         runtime=60,
     params:
         development=lambda w: rollout_groups(w.study)[first_group(w.study)],
+        cohorts=lambda w: trajectory_cohorts(w.study, w.model),
         control=lambda w: config["studies"][w.study]["control"],
         clock=config["analysis"]["clock"],
         code=script_code("document_stats.py"),

@@ -36,6 +36,7 @@ rule swrb_estimands:
         draws=lambda w: config["studies"][w.study]["bootstrap_draws"],
         level=config["analysis"]["level"],
         seed=config["seed"],
+        cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
         prespecified=prespecified_study,
         code=script_code("swrb_estimands.py"),
     script:

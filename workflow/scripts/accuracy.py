@@ -32,7 +32,8 @@ for model, files in p.files.items():
     spec = p.tokenizers[model]
     tokenizer = load_decoder(spec["path"], spec["revision"], spec["trust_remote_code"])
     depth = timing_depth(int(read_trajectory_metadata(files[actions[0]][0])["H"]), p.clock)
-    stats = accuracy_document_stats(files, documents, tokenizer, depth)
+    role = {"study": study, "model": model, "cohort": p.cohort}  # each file's, and its documents'
+    stats = accuracy_document_stats(files, documents, tokenizer, depth, role)
     per_document.append(stats.select(pl.lit(model).alias("model"), pl.all()))
     table = accuracy_table(
         stats,

@@ -17,7 +17,8 @@ stats, clock = document_stats(
     dict(snakemake.params.clock),
     snakemake.params.control,
     development=list(snakemake.params.development),
-    role={"model": role["model"]},  # each file's metadata names its model and action
+    role=role,  # each file's metadata names its study, model and action
+    cohorts=dict(snakemake.params.cohorts),  # development files dev, evaluation files the study's
 )
 write_document_stats(stats, snakemake.output[0], clock, role)
 log.info("%d (document, action) rows, %s -> %s", stats.height, clock, snakemake.output[0])

@@ -36,7 +36,7 @@ settings = {
 code = job_code(os.path.join(snakemake.scriptdir, "rollout.py"), params.actions)
 registered = None
 if params.stage == "dev":
-    cohorts, seed, metadata = params.cohorts, params.seed, {"code": code}
+    cohorts, seed, metadata = params.cohorts, params.seed, {"study": params.study, "code": code}
 else:
     lock_path = snakemake.input.lock
     lock = read_lock(lock_path)
@@ -49,7 +49,7 @@ else:
     cohorts = evaluation_cohorts(lock)
     # the evaluation's seed comes from the registration: a new registration, new trajectories
     seed = evaluation_seed(lock)
-    metadata = {"lock": lock["hash"], "code": code}
+    metadata = {"study": params.study, "lock": lock["hash"], "code": code}
     log.info(
         "lock %s: K = %d (%s), evaluation seed %d; rollout side as registered (code %s)",
         lock["hash"],
@@ -70,9 +70,9 @@ run_stratum_rollout_job(
         H=params.H,
         seed=seed,
         coupling=params.coupling,
-        max_batch_rows=params.max_batch_rows,
         temperature=params.temperature,
     ),
+    max_batch_rows=params.max_batch_rows,  # an integer, or auto: sized to the device in the job
     device=params.device,
     log_file=sys.stderr,
     resume_key=params.code,

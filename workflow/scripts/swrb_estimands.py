@@ -41,6 +41,7 @@ table = swrb_study_table(
     draws=p.draws,
     seed=study_seed(p.seed, snakemake.wildcards.study),
     level=p.level,
+    role={"study": snakemake.wildcards.study, "cohort": p.cohort},  # each file's and documents'
 )
 write_estimands(table, snakemake.output.csv, snakemake.output.md, header=registration_line(lock))
 log.info("%d rows", table.height)

@@ -244,6 +244,7 @@ def accuracy_document_stats(
     documents: pl.DataFrame,
     tokenizer: Any,
     depth: int,
+    role: Mapping[str, Any] | None = None,
 ) -> pl.DataFrame:
     """One row per (document, action): ``doc_id``, ``action``, ``stratum``, ``cohort``,
     ``n_paths`` and :data:`ACCURACY_STATS`.
@@ -252,7 +253,10 @@ def accuracy_document_stats(
     contract) or tables; ``documents`` holds :data:`_DOC_COLUMNS` (``metric`` from
     :func:`document_metrics`); ``depth`` is d, the early/late boundary. One-line errors name
     the file; a trajectory file rolled out from another documents file than the one
-    ``documents`` came from (:func:`metric_documents`) is refused naming both.
+    ``documents`` came from (:func:`metric_documents`) is refused naming both. Each file is
+    read as the action it is listed under and as ``role`` (study, model, cohort: those given):
+    a file whose metadata or documents say otherwise stops in one line
+    (:func:`kvdiverge.io.trajectories.check_trajectory_role`).
     """
     missing = [c for c in _DOC_COLUMNS if c not in documents.columns]
     if missing:
@@ -270,7 +274,7 @@ def accuracy_document_stats(
                 if not isinstance(source, pl.DataFrame):
                     meta = read_trajectory_metadata(source)
                     ids = data["doc_id"].unique()
-                    check_trajectory_role(source, meta, {"action": action}, ids)
+                    check_trajectory_role(source, meta, {**(role or {}), "action": action}, ids)
                     check_rolled_out_from(source, meta, ids, documents, AnalysisInputError)
             except TrajectoryFormatError as exc:
                 raise AnalysisInputError(str(exc)) from exc

@@ -230,6 +230,7 @@ def document_stats(
     control: str | None = None,
     development: Collection[str] | None = None,
     role: Mapping[str, str] | None = None,
+    cohorts: Mapping[str, Any] | None = None,
 ) -> tuple[pl.DataFrame, Clock]:
     """One row per (document, action) of replicate-averaged statistics.
 
@@ -254,6 +255,9 @@ def document_stats(
     document. Before all that, each file's metadata must name the action it is read as (and
     ``role``'s model and study, where given): two actions' files swapped under each other's
     names stop there in one line (:func:`kvdiverge.io.trajectories.check_trajectory_role`).
+    ``cohorts``: each file's cohort where the caller knows it (path → a cohort name, or a
+    collection of names): a file holding documents of another cohort (a development file
+    copied over an evaluation file, or another study's) stops in one line naming it.
     """
     _check_roles(trajectory_files, role)
     if control is not None and control in trajectory_files:
@@ -262,6 +266,7 @@ def document_stats(
         except TrajectoryFormatError as exc:
             raise AnalysisInputError(str(exc)) from exc
     docs = _documents_frame(documents)
+    known = {os.path.normpath(p): c for p, c in (cohorts or {}).items()}
     settings = dict(clock_settings or {})
     clock: Clock | None = None
     per_action: dict[str, pl.DataFrame] = {}
@@ -271,6 +276,9 @@ def document_stats(
         for path in paths:
             try:
                 data = read_trajectories(path)  # checked against the file contract once
+                if (cohort := known.get(os.path.normpath(path))) is not None:
+                    ids = data["doc_id"].unique()
+                    check_trajectory_role(path, {}, {"cohort": cohort}, ids)
                 if data.height == 0:
                     raise AnalysisInputError(f"{path}: trajectory file has no rows")
                 check_rolled_out_from(

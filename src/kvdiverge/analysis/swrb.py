@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -192,12 +193,14 @@ def estimates_from_records(
     return pl.concat(tables)
 
 
-def record_document_means(path: str | os.PathLike, windows: Sequence[int] = ()) -> pl.DataFrame:
-    """:func:`document_means` of one SWRB record file (read and checked), with ``n_replicates``
-    per document."""
+def record_document_means(
+    path: str | os.PathLike, windows: Sequence[int] = (), role: Mapping[str, Any] | None = None
+) -> pl.DataFrame:
+    """:func:`document_means` of one SWRB record file (read and checked, and against ``role``:
+    :func:`kvdiverge.io.swrb_records.check_swrb_role`), with ``n_replicates`` per document."""
     from kvdiverge.io.swrb_records import read_swrb_records, record_arrays
 
-    a = record_arrays(read_swrb_records(path))
+    a = record_arrays(read_swrb_records(path, role=role))
     if a["doc_id"].size == 0:
         raise SwrbTableError(f"{path}: no SWRB records")
     mismatch = a["x_token"] != a["y_token"]
@@ -217,6 +220,7 @@ def swrb_study_table(
     draws: int = 2000,
     seed: int = 0,
     level: float = 0.95,
+    role: Mapping[str, Any] | None = None,
 ) -> pl.DataFrame:
     """One study's SWRB estimands in the layout of ``estimands.csv`` (module docstring).
 
@@ -229,6 +233,10 @@ def swrb_study_table(
     :func:`swrb_replicate_values` (``Z_L@L``, ``W_L@L`` for each L of ``windows``) and
     ``mean_entry_time``; ``n_docs``, ``n_paths`` (replicates; both sides' for a contrast) and
     ``draws_dropped`` (draws where a ratio is undefined, left out of the interval).
+
+    Each file is read as the record file of its model, action and stratum (where ``files`` puts
+    it) and of ``role``'s study and cohort, where given: a file whose metadata or documents say
+    otherwise stops in one line (:func:`kvdiverge.io.roles.role_problem`).
     """
     from kvdiverge.analysis.estimands import ESTIMAND_COLUMNS
 
@@ -243,7 +251,11 @@ def swrb_study_table(
         means: dict[str, pl.DataFrame] = {}
         for action, by_stratum in by_action.items():
             parts = [
-                record_document_means(path, windows).with_columns(stratum=pl.lit(stratum))
+                record_document_means(
+                    path,
+                    windows,
+                    {**(role or {}), "model": model, "action": action, "stratum": stratum},
+                ).with_columns(stratum=pl.lit(stratum))
                 for stratum, path in by_stratum.items()
             ]
             means[action] = pl.concat(parts).sort("stratum", "doc_id")

@@ -20,10 +20,12 @@ from kvdiverge.compare.actions import CompareError, LabelledAction
 
 __all__ = [
     "COHORT",
+    "STUDY",
     "STRATUM_LABEL",
     "check_budget_lengths",
     "check_numbers",
     "check_prompt_records",
+    "replicates_problem",
     "prompt_documents",
     "name_user_prompt",
     "prompts_file",
@@ -35,6 +37,25 @@ __all__ = [
 STRATUM_LABEL = "prompts"
 """Label of the one ``custom`` stratum the prompts form (documents ``custom-prompts/...``)."""
 COHORT = "study1"
+STUDY = "compare"
+"""The study a comparison's trajectory files record (:mod:`kvdiverge.io.roles`)."""
+
+
+def replicates_problem(K: int, H: int, n: int) -> str | None:
+    """The line refusing ``--K`` when one action's trajectory file, K · H · n rows for n
+    prompts, would hold more than :data:`kvdiverge.pipeline.extremes.MAX_FILE_ROWS` rows (the
+    pipeline's bound on a config's replicates), or None."""
+    from kvdiverge.pipeline.extremes import MAX_FILE_ROWS
+
+    rows = K * H * n
+    if rows <= MAX_FILE_ROWS:
+        return None
+    prompts = "prompt" if n == 1 else "prompts"
+    return (
+        f"--K: {K} replicates of {n} {prompts} at --H {H} are {rows} rows in one trajectory "
+        f"file; expected at most {MAX_FILE_ROWS // (H * n)} replicates (a file holds at most "
+        f"{MAX_FILE_ROWS} rows)"
+    )
 
 
 def check_numbers(K: int, H: int, draws: int, level: float, temperature: float) -> None:
@@ -44,6 +65,8 @@ def check_numbers(K: int, H: int, draws: int, level: float, temperature: float) 
         raise CompareError(f"--K: expected an integer >= 1, got {K!r}")
     if not isinstance(H, int) or isinstance(H, bool) or H < 4:
         raise CompareError(f"--H: expected an integer >= 4 (the analysis clock), got {H!r}")
+    if temperature != 0 and (problem := replicates_problem(K, H, 1)):  # greedy runs K = 1
+        raise CompareError(problem)
     if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
         raise CompareError(f"--draws: expected an integer >= 1, got {draws!r}")
     if not isinstance(level, float | int) or not 0 < level < 1:

@@ -44,10 +44,12 @@ from kvdiverge.compare.actions import (
 from kvdiverge.compare.folder import check_out, claim_out, finish_out
 from kvdiverge.compare.inputs import (
     COHORT,
+    STUDY,
     check_budget_lengths,
     check_numbers,
     check_prompt_records,
     name_user_prompt,
+    replicates_problem,
     user_documents,
     window_hint,
 )
@@ -310,6 +312,8 @@ def compare(
     check_budget_lengths(swept, lengths, shown, "--budgets")
     check_budget_lengths([a for a in labelled if a.label not in sweep], lengths, shown,
                          "--actions")  # fmt: skip
+    if temperature != 0 and (problem := replicates_problem(K, H, documents.height)):
+        raise CompareError(problem)
     try:
         check_documents(
             documents, {a.label: a.action for a in labelled}, max_positions, H, str(source)
@@ -465,6 +469,7 @@ def _run(
     )
 
     metadata = {
+        "study": STUDY,
         "model": {"name": Path(str(model)).name, "path": str(model)},
         "revision": None,
         "H": H,
@@ -484,7 +489,9 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="kvdiverge-compare-") as scratch:
         work = root if root is not None else Path(scratch)
         traj_paths = _write_trajectories(frames, labelled, work, metadata, held)
-        stats, clock = document_stats(traj_paths, documents)
+        role = {"study": STUDY, "model": Path(str(model)).name}
+        cohorts = {str(p): COHORT for paths in traj_paths.values() for p in paths}
+        stats, clock = document_stats(traj_paths, documents, role=role, cohorts=cohorts)
     if root is not None:
         files |= {f"trajectories/{a}": paths[0] for a, paths in traj_paths.items()}
     model_name = Path(str(model)).name

@@ -41,6 +41,20 @@ def action_trajectory_files(study, model):
     }
 
 
+def trajectory_cohorts(study, model):
+    """The cohort each of one model's trajectory files of the study holds: `dev` for the
+    development files, the study's evaluation cohort (studies.<s>.cohort, else the study's
+    name) for the others (rule document_stats refuses a file holding another)."""
+    cohort = config["studies"][study].get("cohort", study)
+    stages = (("dev", "dev"), ("evaluation", cohort))
+    return {
+        path: name
+        for stage, name in stages
+        for paths in study_trajectory_files(study, [model], stage).values()
+        for path in paths
+    }
+
+
 def development_files(study):
     """The study's development trajectory files by `<model>/<action>/<stratum>`, the keys
     kvdiverge.pipeline.rule_inputs.keyed_inputs splits back into (model, action, stratum)."""

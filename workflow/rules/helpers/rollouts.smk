@@ -46,12 +46,14 @@ def rollout_resources():
 def rollout_params(study, group, stage):
     """Every param of a rollout job, spelled once for both stages (workflow/scripts/rollout.py;
     swrb_rollout.py for an evaluation under `rollout.coupling: swrb`): the stage (`dev`, or
-    `evaluation` under the group's lock, which fixes the replicates and the seed), the model,
+    `evaluation` under the group's lock, which fixes the replicates and the seed), the study, the
+    model,
     the group's actions, H, the seed, the coupling, the decoding temperature (rollout.temperature;
     swrb runs at any T > 0, not greedy), rows per model call, the device, the code
     fingerprint; and the development replicates for `dev`."""
     params = {
         "stage": stage,
+        "study": study,  # recorded in every file: a file copied to another study stops on read
         "model": rollout_model,
         "actions": rollout_actions(study, group),
         "H": config["rollout"]["H"],
