@@ -212,6 +212,7 @@ rule study_tables:
         actions=study_compared_actions,
         main_contrast=study_main_contrast,
         labels=study_labels,
+        temperature=config["rollout"]["temperature"],  # greedy: the summary's greedy note
         code=script_code("study_tables.py"),
     script:
         "../scripts/study_tables.py"

@@ -35,5 +35,6 @@ summary = write_estimands_summary(
     out.estimands_summary_html,
     study=snakemake.wildcards.study,
     registration=registration,
+    temperature=snakemake.params.temperature,
 )
 log.info("estimands summary: %s", " ".join(summary.facts[:1]))

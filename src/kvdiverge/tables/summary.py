@@ -13,6 +13,7 @@ import polars as pl
 from kvdiverge.analysis.bootstrap import MIN_INTERVAL_DOCUMENTS
 from kvdiverge.analysis.estimand_registry import ESTIMANDS
 from kvdiverge.io import atomic_path, atomic_write_text
+from kvdiverge.tables.contrasts import GREEDY_NOTE
 from kvdiverge.tables.inputs import (
     StudyTableError,
     actions_in,
@@ -183,9 +184,13 @@ class EstimandsSummary:
 
 
 def estimands_summary(
-    table: pl.DataFrame, study: str = "", where: str = "estimands"
+    table: pl.DataFrame, study: str = "", where: str = "estimands", temperature: float | None = None
 ) -> EstimandsSummary:
-    """Summarize the estimands table (as :func:`read_estimands` returns it) in a page."""
+    """Summarize the estimands table (as :func:`read_estimands` returns it) in a page.
+
+    ``temperature``: the rollouts' decoding temperature, where known; at 0 (greedy) the page
+    states once the identities that hold then (:data:`kvdiverge.tables.contrasts.GREEDY_NOTE`:
+    S_.99 = R = R_SMC, one path per document, K = 1)."""
     if table.height == 0:
         raise StudyTableError(f"{where}: expected estimand rows, found none")
     names = table["estimand"].unique(maintain_order=True).to_list()
@@ -254,6 +259,8 @@ def estimands_summary(
         if missing.height
         else "Undefined values (NA): none."
     )
+    if temperature == 0:
+        facts.append(GREEDY_NOTE)
     tables = [
         t
         for t in (
@@ -328,12 +335,13 @@ def write_estimands_summary(
     html: str | os.PathLike,
     study: str = "",
     registration: str | None = None,
+    temperature: float | None = None,
 ) -> EstimandsSummary:
     """Write the tidy Parquet copy of ``estimands.csv`` and its summary (Markdown, HTML);
     ``registration``: the lock registration the estimands come from, the summary's first
-    fact."""
+    fact; ``temperature``: the rollouts' (:func:`estimands_summary`)."""
     table = read_estimands(estimands_csv)
-    summary = estimands_summary(table, study, str(estimands_csv))
+    summary = estimands_summary(table, study, str(estimands_csv), temperature)
     if registration:
         summary.facts.insert(0, registration)
     tidy = tidy_estimands(table)
