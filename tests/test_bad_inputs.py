@@ -518,13 +518,15 @@ DOCUMENT_CASES = {
         dict(n_tokens=60),
         {},
         f"{DOC}, action 'snapkv-half': prompt of 60 tokens is too short for the 64-token "
-        "observation window",
+        "observation window; a window of at most 30 tokens fits every prompt of the job: e.g. "
+        "window: 16 in config.actions.snapkv-half",
     ),
     "budget below the window for a short prompt": (
         dict(n_tokens=100),
         {},
         f"{DOC}, action 'snapkv-half': budget keeps 50 entries of a 100-token prompt, fewer "
-        "than the 64-token observation window",
+        "than the 64-token observation window; a window of at most 50 tokens fits every prompt "
+        "of the job: e.g. window: 32 in config.actions.snapkv-half",
     ),
     "prompt plus H beyond the context window": (
         dict(n_tokens=4000),
@@ -566,6 +568,25 @@ def test_documents_checked_with_the_job_models_lengths():
     assert checked["n_tokens"].to_list() == [1500, 1500] and set(checked["cohort"]) == {"dev"}
 
 
+def test_a_too_short_window_refusal_gives_a_window_that_fits_every_prompt():
+    """The fix is taken over every prompt of the job (a later one shorter than the refused
+    one), and the window it suggests passes the same check."""
+    frame = _documents().with_columns(n_tokens=pl.Series([100, 300, 70]))
+    with pytest.raises(PreflightError) as info:
+        check_documents(frame, ACTIONS, 32768, 32, "docs.parquet")
+    assert one_line(info) == (
+        "docs.parquet: doc_id 'ruler-1024/dev/000' (stratum ruler-1024), action 'snapkv-half': "
+        "budget keeps 50 entries of a 100-token prompt, fewer than the 64-token observation "
+        "window; a window of at most 35 tokens fits every prompt of the job: e.g. window: 32 in "
+        "config.actions.snapkv-half"
+    )
+    fixed = {**ACTIONS, "snapkv-half": {**ACTIONS["snapkv-half"], "window": 32}}
+    assert check_documents(frame, fixed, 32768, 32, "docs.parquet").height == 3
+    with pytest.raises(PreflightError) as info:  # compare spells its own fix
+        check_documents(frame, ACTIONS, 32768, 32, "docs.parquet", actions_field=None)
+    assert one_line(info).endswith("fewer than the 64-token observation window")
+
+
 def test_swrb_job_checks_its_documents_before_any_rollout(tmp_path):
     """An SWRB job (coupling: swrb) checks its documents as a trajectory rollout job does:
     one line naming the document, before the model loads and before any scratch area."""
@@ -589,7 +610,9 @@ def test_swrb_job_checks_its_documents_before_any_rollout(tmp_path):
     assert message.startswith(
         f"{path}: doc_id 'ruler-1024/dev/001' (stratum ruler-1024), action 'snapkv-half': "
         "prompt of "
-    ) and message.endswith("tokens is too short for the 64-token observation window"), message
+    ), message
+    assert "too short for the 64-token observation window; a window of at most" in message
+    assert message.endswith("in config.actions.snapkv-half"), message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.parquet"]
 
 

@@ -315,9 +315,9 @@ def compare(
     if temperature != 0 and (problem := replicates_problem(K, H, documents.height)):
         raise CompareError(problem)
     try:
-        check_documents(
-            documents, {a.label: a.action for a in labelled}, max_positions, H, str(source)
-        )
+        specs = {a.label: a.action for a in labelled}
+        # actions_field None: compare's own fix below, in --actions' spelling
+        check_documents(documents, specs, max_positions, H, str(source), actions_field=None)
     except ValueError as exc:
         message = name_user_prompt(str(exc), keys)
         culprit = next((a for a in labelled if f"action {a.label!r}" in message), None)

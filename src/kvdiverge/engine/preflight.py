@@ -46,6 +46,7 @@ __all__ = [
     "model_context_window",
     "required_positions",
     "resolve_cached_folder",
+    "window_fix",
 ]
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -346,6 +347,26 @@ def _actions(actions: Mapping[str, Any] | Iterable[Any]) -> list[Any]:
     return [a if isinstance(a, ActionSpec) else parse_action(a, name=n) for n, a in items]
 
 
+def window_fix(action: Any, lengths: Iterable[int], field: str) -> str:
+    """The fix for prompts too short for an action's ``window`` (SnapKV's observation window),
+    as the end of its refusal: the most tokens a window may hold to fit every prompt of
+    ``lengths`` and what the budget keeps of each (n - 1 and ``n_keep(n)``), and the largest
+    power of two up to it as the value to write (``field``: the config mapping that holds the
+    action, e.g. ``config.actions``); "" when the selector has no window or none fits."""
+    window = getattr(action.method, "window", None)
+    ns = [n for n in lengths if isinstance(n, int) and n >= 1]
+    if not isinstance(window, int) or not ns:
+        return ""
+    fits = min(min(n - 1, action.n_keep(n)) for n in ns)
+    if fits < 1:
+        return ""
+    w = 1 << (fits.bit_length() - 1)
+    return (
+        f"; a window of at most {fits} tokens fits every prompt of the job: e.g. window: {w} "
+        f"in {field}.{action.name}"
+    )
+
+
 def check_documents(
     frame: pl.DataFrame,
     actions: Mapping[str, Any] | Iterable[Any],
@@ -354,6 +375,7 @@ def check_documents(
     where: str,
     length_fn: Callable[[str], int] | None = None,
     cohorts: Iterable[str] | None = None,
+    actions_field: str | None = "config.actions",
 ) -> pl.DataFrame:
     """Check every document of a rollout job against every action and the model, before the
     first rollout; return the checked rows with ``n_tokens`` (the prompt's length).
@@ -364,7 +386,9 @@ def check_documents(
     ``where``: the documents file; ``length_fn``: the job model's chat-wrapped length of a
     prompt (else the table's ``n_tokens``, measured with the length tokenizer); ``cohorts``:
     the cohorts the job runs (others are neither checked nor returned; none present is an
-    error).
+    error); ``actions_field``: the config mapping that holds the actions, named in the fix a
+    too-short-window refusal ends with (:func:`window_fix`; None: no fix, the caller gives its
+    own).
 
     Errors, one line ``<where>: doc_id '<id>' (stratum <s>)[, action '<a>']: <what>``: a missing
     column, a missing or duplicate doc_id, a prompt that is null, not text or blank, a length
@@ -392,8 +416,8 @@ def check_documents(
     specs = _actions(actions)
     lengths = []
     given = frame["n_tokens"].to_list() if "n_tokens" in frame.columns else [None] * frame.height
-    rows = zip(frame["doc_id"], frame["stratum"], frame["prompt"], given, strict=True)
-    for doc_id, stratum, prompt, n in rows:
+    rows = list(zip(frame["doc_id"], frame["stratum"], frame["prompt"], given, strict=True))
+    for i, (doc_id, stratum, prompt, n) in enumerate(rows):
         doc = f"{where}: doc_id {doc_id!r} (stratum {stratum})"
         if prompt is None:
             raise PreflightError(f"{doc}: prompt is missing (null)")
@@ -420,6 +444,10 @@ def check_documents(
                     check_action(action, n, keep)
             except ActionError as exc:
                 reason = str(exc).split(": ", 1)[-1]
+                if actions_field and "observation window" in reason:
+                    rest = [length_fn(p) if length_fn else g for _, _, p, g in rows[i + 1 :]
+                            if isinstance(p, str) and p.strip()]  # fmt: skip
+                    reason += window_fix(action, [*lengths, n, *rest], actions_field)
                 raise PreflightError(f"{doc}, action {action.name!r}: {reason}") from exc
         lengths.append(n)
     return frame.with_columns(n_tokens=pl.Series("n_tokens", lengths, dtype=pl.Int64))
