@@ -244,7 +244,8 @@ def test_job_check_before_the_model_loads():
     """A job's own documents, actions and replicates: refused in one line when the plan's peak
     exceeds the device's whole memory; planned (not refused) when it fits; no plan for a model
     whose shape is unknown, and none on a CPU."""
-    from kvdiverge.engine.memory_plan import check_device_memory, check_job_memory
+    from kvdiverge.engine.device_memory import check_device_memory
+    from kvdiverge.engine.memory_plan import check_job_memory
 
     model = {"name": "llama", "path": "meta-llama/Llama-3.1-8B-Instruct"}
     specs = {name: parse_action(a, name=name) for name, a in STUDY1.items()}

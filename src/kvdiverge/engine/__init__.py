@@ -22,7 +22,8 @@ Beside them: :mod:`kvdiverge.engine.kernels` (the attention kernels and their di
 the rest), :mod:`kvdiverge.engine.job_records` (what a job's files record per action besides
 their rows), :mod:`kvdiverge.engine.memory` (the allocator setting), and
 :mod:`kvdiverge.engine.memory_plan` and :mod:`kvdiverge.engine.roofline` (a job's memory plan
-and least time, before any weight is loaded).
+and least time, before any weight is loaded), and :mod:`kvdiverge.engine.device_memory` (that
+plan against the job's device: ``max_batch_rows: auto`` sized to it).
 """
 
 import importlib

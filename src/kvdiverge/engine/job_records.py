@@ -6,7 +6,8 @@ A job keeps, per finished document, ``{action: {timing keys..., "cache_bytes": {
 in its scratch area (:func:`with_cache_bytes`); the files' ``timing`` metadata sums the timing
 keys over the documents (:func:`sum_timing`) and their ``cache_bytes`` metadata holds each
 document's per-layer bytes at the start and the end of the horizon (:func:`cache_bytes_record`,
-``docs/engine.md``, "Cache bytes").
+``docs/engine.md``, "Cache bytes"); ``libraries`` the versions of :data:`LIBRARIES`
+(:func:`library_versions`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["cache_bytes_record", "sum_timing", "with_cache_bytes"]
+__all__ = [
+    "LIBRARIES",
+    "cache_bytes_record",
+    "library_versions",
+    "sum_timing",
+    "with_cache_bytes",
+]
+
+LIBRARIES = ("torch", "transformers", "kvpress")
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed versions of :data:`LIBRARIES` (``None`` for one not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def sum_timing(

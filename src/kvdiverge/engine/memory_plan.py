@@ -46,11 +46,11 @@ __all__ = [
     "ModelShape",
     "auto_batch_rows",
     "batch_peak",
-    "check_device_memory",
     "check_fits",
     "check_job_memory",
     "decode_bytes",
     "format_plan",
+    "job_plan_args",
     "kv_bytes",
     "mask_bytes",
     "masked_bias_bytes",
@@ -488,6 +488,33 @@ def plan_config(
     return rows
 
 
+def job_plan_args(
+    model: Mapping[str, Any],
+    specs: Mapping[str, Any],
+    cohorts: Mapping[str, Mapping[str, int]],
+    lengths: Sequence[int],
+    H: int,
+) -> tuple[tuple, int] | None:
+    """:func:`plan_job`'s arguments before ``max_batch_rows`` for a rollout job (its model, its
+    documents' ``lengths``, its actions ``specs`` by name and ``cohorts``: action → cohort →
+    K; the largest K of the evaluating actions and of the control), and the SnapKV window;
+    None when the model's shape is unknown (:func:`model_shape`) or the job has no documents."""
+    shape = model_shape(model)
+    if shape is None or not lengths:
+        return None
+    actions = list(specs.values())
+    control = next((a.name for a in actions if a.keeps_everything), None)
+    ks = {name: max(per.values(), default=0) for name, per in cohorts.items()}
+    K = max((ks[a.name] for a in actions if a.name != control), default=0)
+    K_control = ks.get(control, 0) if control else 0
+    if K == 0:  # only the control: its replicates are the group's
+        K, control = K_control, None
+    kept = [job_kept(actions, n) for n in lengths]
+    names = [a.name for a in actions]
+    window = max((int(a.params.get("window", 0)) for a in actions), default=0)
+    return (shape, lengths, kept, names, K, K_control, control, H), window
+
+
 def check_job_memory(
     model: Mapping[str, Any],
     specs: Mapping[str, Any],
@@ -505,53 +532,11 @@ def check_job_memory(
     exceeds the device's whole memory (no batch of that budget can fit); a peak above the
     usable part (:func:`usable_bytes`) is left to the engine's halving on out-of-memory. None
     when the model's shape is unknown (:func:`model_shape`) or the job has no documents."""
-    shape = model_shape(model)
-    if shape is None or not lengths:
+    found = job_plan_args(model, specs, cohorts, lengths, H)
+    if found is None:
         return None
-    actions = list(specs.values())
-    control = next((a.name for a in actions if a.keeps_everything), None)
-    ks = {name: max(per.values(), default=0) for name, per in cohorts.items()}
-    K = max((ks[a.name] for a in actions if a.name != control), default=0)
-    K_control = ks.get(control, 0) if control else 0
-    if K == 0:  # only the control: its replicates are the group's
-        K, control = K_control, None
-    kept = [job_kept(actions, n) for n in lengths]
-    names = [a.name for a in actions]
-    window = max((int(a.params.get("window", 0)) for a in actions), default=0)
-    args = (shape, lengths, kept, names, K, K_control, control, H, max_batch_rows, window)
-    plan = plan_job(*args, bias=True)  # a CUDA plan: the masked pass's bias counted
+    args, window = found
+    plan = plan_job(*args, max_batch_rows, window, bias=True)  # CUDA: the masked pass's bias
     if plan.peak > device_bytes:
         check_fits(plan, device_bytes, max_batch_rows, job)
-    return plan
-
-
-def check_device_memory(
-    model: Mapping[str, Any],
-    specs: Mapping[str, Any],
-    cohorts: Mapping[str, Mapping[str, int]],
-    lengths: Sequence[int],
-    H: int,
-    max_batch_rows: int | None,
-    device: str,
-) -> JobPlan | None:
-    """:func:`check_job_memory` against the job's CUDA device's whole memory, logged; nothing
-    on a CPU (``device`` ``cpu``, or no CUDA) or without ``max_batch_rows``."""
-    import torch
-
-    if max_batch_rows is None or device == "cpu" or not torch.cuda.is_available():
-        return None
-    index = torch.device(device if device.startswith("cuda") else "cuda").index
-    total = torch.cuda.get_device_properties(index or 0).total_memory
-    where = str(model.get("name") or model["path"])
-    plan = check_job_memory(model, specs, cohorts, lengths, H, max_batch_rows, total, where)
-    if plan is not None:
-        parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in plan.parts.items() if v)
-        log.info(
-            "memory plan: %.1f GB at %d rows a call (%d batches; %s GB), device %.1f GB",
-            plan.peak_gb,
-            max_batch_rows,
-            plan.batches,
-            parts,
-            total / GB,
-        )
     return plan

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,9 +21,15 @@ import polars as pl
 import torch
 
 from kvdiverge.engine.batches import rollout_documents
-from kvdiverge.engine.job_records import cache_bytes_record, sum_timing, with_cache_bytes
+from kvdiverge.engine.device_memory import check_device_memory
+from kvdiverge.engine.job_records import (
+    LIBRARIES,
+    cache_bytes_record,
+    library_versions,
+    sum_timing,
+    with_cache_bytes,
+)
 from kvdiverge.engine.kernels import kernel_choices
-from kvdiverge.engine.memory_plan import check_device_memory
 from kvdiverge.engine.settings import DocumentRollout, RolloutSettings
 from kvdiverge.eviction import ActionSpec, parse_action
 from kvdiverge.io import JobScratch, sha256_file
@@ -57,24 +63,9 @@ log = logging.getLogger(__name__)
 
 TIMING_KEYS = ("documents", "paths", "prefill_seconds", "selection_seconds", "decode_seconds")
 
-PROVENANCE_KEYS = ("model_digest", "kernel", "libraries", "max_batch_rows")
+PROVENANCE_KEYS = ("model_digest", "kernel", "libraries", "max_batch_rows", "batch_rows")
 """Metadata keys of a trajectory file that say what computed it, besides ``dtype``, ``device``
 and ``code`` (:func:`run_stratum_rollout_job`)."""
-
-LIBRARIES = ("torch", "transformers", "kvpress")
-
-
-def library_versions() -> dict[str, str | None]:
-    """The installed versions of :data:`LIBRARIES` (``None`` for one not installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, str | None] = {}
-    for name in LIBRARIES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def job_code(script: str | os.PathLike, actions: Mapping[str, Mapping[str, Any]]) -> str:
@@ -343,6 +334,7 @@ class CheckedJob:
     model_spec: dict[str, Any]
     specs: dict[str, ActionSpec]
     cohorts: dict[str, dict[str, int]]
+    batch_rows: int | None = None  # max_batch_rows auto as sized to the device
 
     def open_scratch(
         self,
@@ -398,7 +390,7 @@ def load_checked_job(
     cohorts: Mapping[str, Mapping[str, int]],
     H: int,
     device: str = "auto",
-    max_batch_rows: int | None = None,
+    max_batch_rows: int | str | None = None,
 ) -> CheckedJob:
     """Check a rollout job's model and documents, then load the model: what every rollout job
     (trajectories or SWRB records) does before its first rollout.
@@ -411,7 +403,8 @@ def load_checked_job(
     window (:func:`kvdiverge.engine.preflight.check_loaded_model`). Each failure is one line naming
     the config field (``config.models.<name>.path``), the file, or the doc_id and stratum.
     ``model``: ``path`` and optionally ``name``, ``dtype``, ``revision``, ``trust_remote_code``;
-    ``specs`` by name; ``cohorts``: action → cohort → K; ``max_batch_rows``: memory plan (CUDA).
+    ``specs`` by name; ``cohorts``: action → cohort → K; ``max_batch_rows``: memory plan
+    (CUDA; ``auto`` sized to the device, :attr:`CheckedJob.batch_rows`: ``engine.device_memory``).
     """
     from kvdiverge.engine.families import check_loaded_attention
     from kvdiverge.engine.preflight import check_documents, check_loaded_model, check_model_source
@@ -447,7 +440,7 @@ def load_checked_job(
     documents = select_job_documents(documents_path, {name: cohorts[name] for name in specs})
     if not documents:
         log.warning("%s: no documents of the job's cohorts", documents_path)
-    check_device_memory(model, specs, cohorts, [*lengths.values()], H, max_batch_rows, device)
+    mem = check_device_memory(model, specs, cohorts, [*lengths.values()], H, max_batch_rows, device)
     lm = load_model(
         model["path"],
         device=device,
@@ -469,6 +462,7 @@ def load_checked_job(
         dict(model),
         dict(specs),
         {name: dict(cohorts[name]) for name in specs},
+        mem.max_batch_rows if mem is not None and max_batch_rows == "auto" else None,
     )
 
 
@@ -484,6 +478,7 @@ def run_stratum_rollout_job(
     resume_key: Any = None,
     metadata: Mapping[str, Any] | None = None,
     registered: Mapping[str, Any] | None = None,
+    max_batch_rows: int | str | None = None,
 ) -> dict[str, pl.DataFrame]:
     """One rollout job of the pipeline: a stratum's documents under every action of a study →
     one trajectory file per action.
@@ -523,6 +518,9 @@ def run_stratum_rollout_job(
     lock's ``rollout.models`` entry of an evaluation job's model; the job refuses, in one line
     naming the field, a loaded model of another dtype or device (before any rollout), and
     kernels other than those registered (before writing any file, its scratch cleared).
+    ``max_batch_rows``: the configured rows a call in place of ``settings``' (``auto``: sized to
+    the device, :mod:`kvdiverge.engine.device_memory`), recorded as ``max_batch_rows`` beside the
+    rows run, ``batch_rows`` (no result depends on them; the scratch is keyed by ``settings``).
     """
     from kvdiverge.io.trajectories import write_trajectories
     from kvdiverge.pipeline.progress import RolloutProgress
@@ -535,8 +533,10 @@ def run_stratum_rollout_job(
     if reserved:
         raise ValueError(f"metadata: key(s) {', '.join(reserved)} are written by the job itself")
     digest = model_digests(model["path"])
-    checks = (documents_path, model, specs, cohorts, settings.H, device, settings.max_batch_rows)
-    job = load_checked_job(*checks)  # with the memory plan on CUDA (engine.memory_plan)
+    configured = settings.max_batch_rows if max_batch_rows is None else max_batch_rows
+    job = load_checked_job(documents_path, model, specs, cohorts, settings.H, device, configured)
+    rows = settings.max_batch_rows if configured == "auto" else configured
+    run = replace(settings, max_batch_rows=job.batch_rows or rows)
     lm, eos, documents = job.model, job.eos_ids, job.documents
     dtype = str(lm.dtype).removeprefix("torch.")
     if registered is not None:  # an evaluation job: the lock's numerics, before any rollout
@@ -551,7 +551,7 @@ def run_stratum_rollout_job(
             documents,
             list(specs.values()),
             eos,
-            settings,
+            run,
             skip=set(resumed).__contains__,
             on_step=bar.on_step,
         )
@@ -605,7 +605,8 @@ def run_stratum_rollout_job(
             "model_digest": digest,
             "kernel": kernels,
             "libraries": library_versions(),
-            "max_batch_rows": settings.max_batch_rows,
+            "max_batch_rows": configured,
+            "batch_rows": run.max_batch_rows,
             "eos_ids": list(eos),
             "vocab_size": model_vocab_size(lm),  # every token id lies below it
             "n_documents": frame["doc_id"].n_unique(),

@@ -29,7 +29,8 @@ def decoding_problem(config: Mapping[str, Any]) -> str | None:
     """The one line refusing a temperature the rollouts cannot run, or None: not a
     finite number >= 0, SWRB (``rollout.coupling: swrb``) at T = 0, and a study planning from
     one development path per document (``K_dev`` 1) at T != 0, where the plan needs the
-    within-document variance.
+    within-document variance; and ``rollout.max_batch_rows: auto`` under SWRB (the memory
+    plan that sizes it counts the shared-reference rows).
 
     SWRB runs at every T > 0 (its kernels are softmax(logits / T), as the other couplings').
     At T = 0 the kernels are point masses, so e_s ∈ {0, 1}, the trunk is the greedy path itself
@@ -43,6 +44,13 @@ def decoding_problem(config: Mapping[str, Any]) -> str | None:
             "config.rollout.temperature: 0 (greedy), but rollout.coupling swrb needs T > 0: "
             "greedy kernels are point masses, so the SWRB trunk has nothing to branch; expected "
             "a temperature > 0, or coupling shared-reference, which covers greedy decoding"
+        )
+    rollout = config.get("rollout", {})
+    if rollout.get("coupling") == "swrb" and rollout.get("max_batch_rows") == "auto":
+        return (
+            "config.rollout.max_batch_rows: auto, but rollout.coupling swrb has no memory plan "
+            "to size it to the device (the plan counts the shared-reference rows); expected an "
+            "integer >= 3"
         )
     if T == 0:
         return None
