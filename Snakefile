@@ -32,10 +32,15 @@ include: "workflow/rules/accuracy.smk"
 include: "workflow/rules/figures.smk"
 
 
+# The target rule prints one line, not its inputs (with the profile's `quiet: [reason]`, no
+# reason listing them either: docs/running.md, "What a run prints").
 rule all:
     default_target: True
     input:
         final_outputs(),
+    localrule: True
+    message:
+        f"rule all: the {len(final_outputs())} final outputs under {config['output_dir']}/"
 
 
 onsuccess:
