@@ -120,6 +120,7 @@ def test_cuda_candidates_in_order_and_the_auto_layout_without_a_masked_kernel(fr
     fused kernel validates; where none does, ``fused_masked_kernel`` is false (the engine's auto
     layout then gathers) and only then the reference runs."""
     monkeypatch.setattr(registry, "agrees", lambda *args: True)
+    monkeypatch.setenv("KVDIVERGE_KERNEL_TIMING", "0")  # the order itself (on a GPU too)
     want = {
         ("rows_own", torch.bfloat16): "library-flash-cuda",
         ("prompt_gathered", torch.bfloat16): "library-flash-cuda",
@@ -233,3 +234,60 @@ def test_asking_about_the_masked_layout_is_not_a_use(fresh):
     table, rows = torch.zeros(1, 2, 9), torch.zeros(5, dtype=torch.int32)
     dispatch.attend_prompt("prompt_masked", q, k, k, 0.25, table, rows)
     assert set(registry.kernel_choices()) == {"prompt_masked"}
+
+
+def test_cuda_choice_by_timing_among_validated_candidates(fresh, monkeypatch, tmp_path):
+    """On CUDA keys (simulated: validation and timings replaced) every validated candidate is
+    timed once per GPU model, torch version and key; a later one displaces the preferred only
+    when 1.2 times faster; a single candidate is not timed; the milliseconds are kept in the
+    cache and read back by a fresh process (no second timing); CPU keys are never timed."""
+    monkeypatch.setattr(registry, "agrees", lambda *args: True)
+    monkeypatch.setattr(registry, "_timed", lambda key: key[1] == "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU 80GB")
+    monkeypatch.setenv("KVDIVERGE_CACHE", str(tmp_path))
+    fake = {  # (layout, kernel) -> ms
+        ("rows_own", "library-flash-cuda"): 1.0,
+        ("rows_own", "library-efficient-cuda"): 0.5,  # twice as fast: displaces flash
+        ("prompt_gathered", "library-flash-cuda"): 1.0,
+        ("prompt_gathered", "library-efficient-cuda"): 0.9,  # within the margin: flash stays
+    }
+    timed = []
+
+    def measure(cand, key):
+        timed.append((key[0], cand.name))
+        return fake[(key[0], cand.name)]
+
+    monkeypatch.setattr(registry, "measure", measure)
+    bf16 = torch.bfloat16
+    assert registry.choose("rows_own", "cuda", bf16, 128).name == "library-efficient-cuda"
+    assert registry.choose("prompt_gathered", "cuda", bf16, 128).name == "library-flash-cuda"
+    assert registry.choose("prompt_masked", "cuda", bf16, 128).name == "library-efficient-cuda"
+    assert sorted(timed) == sorted(fake)  # once each; the masked layout has one candidate
+    kept = json.loads((tmp_path / "kernel_timings.json").read_text())
+    assert kept["Fake GPU 80GB|torch " + torch.__version__ + "|rows_own|torch.bfloat16|128"] == {
+        "library-efficient-cuda": 0.5,
+        "library-flash-cuda": 1.0,
+    }
+    registry.reset()  # a fresh process on the same GPU model reads the timings back
+    timed.clear()
+    assert registry.choose("rows_own", "cuda", bf16, 128).name == "library-efficient-cuda"
+    assert timed == []
+    for layout in registry.LAYOUTS:  # CPU: the order of preference, never timed
+        assert registry.choose(layout, "cpu", torch.float32, 64).kind != "reference"
+    assert timed == []
+
+
+def test_fastest_keeps_the_preferred_within_the_margin():
+    a, b, c = (registry.Candidate(n, ("rows_own",), None, None) for n in "abc")
+    assert registry.fastest([a, b, c], {"a": 1.0, "b": 0.8, "c": 0.9}) is b  # 1.25x
+    assert registry.fastest([a, b, c], {"a": 1.0, "b": 0.85, "c": 0.9}) is a  # 1.18x: noise
+    assert registry.fastest([a, b], {"a": float("inf"), "b": 2.0}) is b  # a failed to time
+    assert registry.fastest([a], {"a": 3.0}) is a
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_measure_times_every_layout_on_cuda():
+    for layout in registry.LAYOUTS:
+        key = (layout, "cuda", torch.bfloat16, 128)
+        cand = next(c for c in registry.candidates(layout) if c.claims(key) and not c.oracle)
+        assert 0 < registry.measure(cand, key) < 1e3
