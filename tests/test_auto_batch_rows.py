@@ -3,7 +3,8 @@ checks (not under SWRB), sized by the rollout job to the memory its device has f
 model loads, recorded in every trajectory file as the configured ``auto`` (what the lock
 registers and compares) beside the rows it ran with (``batch_rows``), refused in one line when
 one replicate per call does not fit; and the batch plan it picks moves no path: the files equal
-those of a job running one document per call (the control too)."""
+those of a job running one document per call (the control too). End to end on the tiny
+workflow: the lock registers ``auto`` and the evaluation files pass its check."""
 
 from __future__ import annotations
 
@@ -140,3 +141,50 @@ def test_available_memory_on_a_cpu_is_at_most_its_total():
         int(line.split()[1]) for line in meminfo.read_text().splitlines() if "MemTotal" in line
     )
     assert 0 < free <= total * 1024 and where.startswith("CPU ")
+
+
+@pytest.mark.slow
+def test_auto_end_to_end_the_lock_registers_auto_and_the_evaluation_files_pass_it(tmp_path):
+    """The tiny workflow on the fixture stratum at ``max_batch_rows: auto``: the development
+    rollouts, the plan, the lock (registering ``auto``) and the evaluation rollouts run; every
+    evaluation file records ``auto`` and the rows it ran with, and passes the lock's check."""
+    import shutil
+
+    from workflow_helpers import fixture_stratum_config, package_env, run_snakemake, workflow_copy
+
+    from kvdiverge.io.locks import check_trajectory, read_lock
+
+    studies = {"study2": {"actions": ["recent-90", "full"], "K": 2, "K_dev": 2, "K_control": 1}}
+    small = fixture_stratum_config(H=8, max_K=2, studies=studies)
+    small["rollout"]["max_batch_rows"] = "auto"
+    work = workflow_copy(tmp_path, package=True)
+    (work / "results" / "documents").mkdir(parents=True)
+    shutil.copy(DOCUMENTS, work / "results" / "documents" / "ruler-1024.parquet")
+    override = tmp_path / "auto.yaml"
+    override.write_text(yaml.safe_dump(small))
+    files = [
+        work / f"results/study2/tiny-qwen/trajectories/{a}/ruler-1024.parquet"
+        for a in ("recent-90", "full")
+    ]
+    rules = ["build_demo_model", "dev_rollout_study2", "plan_sample_sizes", "prespecify"]
+    res = run_snakemake(
+        work,
+        *(str(f.relative_to(work)) for f in files),
+        "--allowed-rules",
+        *rules,
+        "rollout_study2",
+        "--configfile",
+        str(override),
+        env=package_env(work),
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    lock_path = work / "results/study2/lock.json"
+    lock = read_lock(lock_path)
+    assert lock["rollout"]["settings"]["max_batch_rows"] == "auto"
+    for file in files:
+        meta = read_trajectory_metadata(file)
+        assert meta["max_batch_rows"] == "auto" and meta["batch_rows"] >= 3
+        check_trajectory(file, meta, lock, lock_path)
+    log = (work / "results/logs/rollout/study2/tiny-qwen/ruler-1024.log").read_text()
+    assert "max_batch_rows auto: " in log and "rows a call" in log
