@@ -520,7 +520,7 @@ def run_stratum_rollout_job(
     kernels other than those registered (before writing any file, its scratch cleared).
     ``max_batch_rows``: the configured rows a call in place of ``settings``' (``auto``: sized to
     the device, :mod:`kvdiverge.engine.device_memory`), recorded as ``max_batch_rows`` beside the
-    rows run, ``batch_rows`` (no result depends on them; the scratch is keyed by ``settings``).
+    rows run, ``batch_rows`` (only rounding depends on them; the rows run key the scratch).
     """
     from kvdiverge.io.trajectories import write_trajectories
     from kvdiverge.pipeline.progress import RolloutProgress
@@ -541,7 +541,7 @@ def run_stratum_rollout_job(
     dtype = str(lm.dtype).removeprefix("torch.")
     if registered is not None:  # an evaluation job: the lock's numerics, before any rollout
         check_registered_numerics(registered, model, {"dtype": dtype, "device": str(lm.device)})
-    scratch = job.open_scratch(out_paths, asdict(settings), resume_key)
+    scratch = job.open_scratch(out_paths, asdict(run), resume_key)
     resumed = [doc_id for doc_id, _, _ in documents if scratch.done(doc_id)]
     bar = RolloutProgress(len(documents), stream=log_file, done=len(resumed))
     with bar:
