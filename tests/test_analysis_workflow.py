@@ -171,6 +171,73 @@ def test_analysis_rules_on_synthetic_trajectories(analysed):
         assert any((work / "results" / "logs" / "analysis" / rule).rglob("*.log")), rule
 
 
+def _placed(work: Path, models: list[str]) -> tuple[dict, list[str]]:
+    """configs/tiny.yaml's two studies as synthetic development and evaluation files of
+    ``models`` (no lock: rule document_stats reads none)."""
+    config = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    validate_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
+    shutil.copy(ROOT / "configs" / "tiny.yaml", work / "config.yaml")
+    shutil.copytree(ROOT / "data" / "fixtures", work / "data" / "fixtures")
+    for model in config["models"]:
+        shutil.copytree(ROOT / "data" / "models" / model, work / "data" / "models" / model)
+    H = config["rollout"]["H"]
+    strata = [f"{s['env']}-{s['label']}" for s in config["datasets"]["strata"]]
+    for name, study in config["studies"].items():
+        lambdas = {
+            a: 0.0 if a == study["control"] else 0.1 + 0.2 * i
+            for i, a in enumerate(study["actions"])
+        }
+        for m, model in enumerate(models):
+            pairs = {s: stratum_pairs(100 * m + i, lambdas) for i, s in enumerate(strata)}
+            cohorts = {"dev": (3, study["K_dev"]), **{c: (3, 2) for c in config["studies"]}}
+            files = write_synthetic_study(
+                work, name, model, pairs, cohorts, H, seed=config["seed"],
+                control=study["control"], control_K=study["K_control"],
+            )  # fmt: skip
+            for action in study["actions"]:
+                for stratum, path in files[action].items():
+                    folder = work / f"results/{name}/{model}/dev/trajectories/{action}"
+                    _split(path, folder / f"{stratum}.parquet", name)
+    for dev in (work / "results").glob("*/*/dev/trajectories/*/*.parquet"):
+        os.utime(dev)  # newer than every documents table
+    return config, strata
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_trajectory_file_copied_from_another_study_stops_in_one_line(tmp_path, recorded):
+    """Study 1's evaluation file of the control copied over study 2's: rule document_stats
+    stops in one line, by the study the file records (as rollout jobs write it) or, for a file
+    that records none, by the cohort of its documents."""
+    model = "tiny-llama"
+    config, strata = _placed(tmp_path, [model])
+    stratum, control = strata[0], config["studies"]["study2"]["control"]
+    assert control == config["studies"]["study1"]["control"]
+    source = tmp_path / f"results/study1/{model}/trajectories/{control}/{stratum}.parquet"
+    shown = f"results/study2/{model}/trajectories/{control}/{stratum}.parquet"
+    frame, meta = read_trajectories(source), read_trajectory_metadata(source)
+    write_trajectories(frame, tmp_path / shown, {**meta, "study": "study1"} if recorded else meta)
+    target = f"results/study2/{model}/document_stats.parquet"
+    res = _snakemake(tmp_path, target, "--allowed-rules", "document_stats")
+    text = res.stdout + res.stderr
+    assert res.returncode != 0 and not (tmp_path / target).exists()
+    lines = [line for line in text.splitlines() if line.startswith("document_stats: ")]
+    assert len(lines) == 1, text[-3000:]
+    if recorded:
+        expected = (
+            f"document_stats: AnalysisInputError: {shown}: its metadata says study 'study1', but "
+            "it is read as the trajectory file of study 'study2'; expected the file written for "
+            "study 'study2' (files swapped or copied under another name: rerun that job)"
+        )
+    else:
+        expected = (
+            f"document_stats: AnalysisInputError: {shown}: holds documents of cohort 'study1', "
+            "but it is read as the trajectory file of cohort study2; expected only its documents "
+            "(files swapped or copied under another name: rerun that job)"
+        )
+    assert lines[0].startswith(expected), lines[0]
+
+
 @pytest.mark.slow
 def test_an_endpoint_changed_after_the_evaluation_stops_the_estimands(analysed, tmp_path):
     """Study 2's family changed after the evaluation rollouts, and only the analysis rerun: the
