@@ -101,6 +101,7 @@ def test_rollout_rules_write_every_action_of_a_study_in_one_job(tmp_path):
         assert meta["action"]["name"] == action and meta["H"] == 10
         assert meta["coupling"] == "shared-reference" and meta["device"] == "cpu"
         assert meta["model"]["name"] == model and meta["dtype"] == "float32"
+        assert meta["study"] == study  # its readers check it (kvdiverge.io.roles)
         spec = SMALL["studies"][study]
         control_K = spec.get("K_control", 2)
         K = control_K if action == "full" else locks[study]["design"]["K"]

@@ -142,6 +142,7 @@ rule study_generations:
         clock=config["analysis"]["clock"],
         per_stratum=3,  # documents drawn per model, action and stratum
         seed=config["seed"],
+        cohort=lambda w: config["studies"][w.study].get("cohort", w.study),
         code=script_code("study_generations.py"),
     script:
         "../scripts/study_generations.py"

@@ -31,7 +31,9 @@ for model, files in p.files.items():
     for action, paths in files.items():
         tables = []
         for path in paths:
-            table = read_trajectories(path)
+            # each file read as its study's, model's, action's and cohort's (kvdiverge.io.roles)
+            role = {"study": study, "model": model, "action": action, "cohort": p.cohort}
+            table = read_trajectories(path, role=role)
             meta = read_trajectory_metadata(path)
             check_rolled_out_from(path, meta, table["doc_id"].unique(), documents, ValueError)
             tables.append(table)
