@@ -289,3 +289,17 @@ def test_device_check_smoke_runs_without_the_pipeline_libraries():
     row = [line for line in out.stdout.splitlines() if line.startswith("| qwen2.5-7b | 256 |")]
     assert len(row) == 1 and "| 0.0e+00, X≡Y |" in row[0]
     assert "measured: bf16 GEMM" in out.stdout
+
+
+def test_the_parse_time_plan_at_auto_shows_a_job_that_cannot_fit():
+    """At ``auto`` a config whose job cannot hold one replicate per call on the planned card is
+    shown as not fitting (the plan at one replicate per call), not a parse-time failure: the
+    card is an assumption, and the job refuses on its own device."""
+    config = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
+    config["rollout"]["max_batch_rows"] = "auto"
+    rows = plan_config(config, 16)  # the weights alone (16.1 GB for Llama) exceed it
+    llama = [r for r in rows if "llama" in r["job"]]
+    assert llama and all(r["plan"].peak > usable_bytes(16 * GB) for r in llama)
+    assert {r["plan"].max_batch_rows for r in llama if r["job"].startswith("study1/")} == {7}
+    table = format_plan(rows, 16)
+    assert table.count("| NO |") >= len(llama)

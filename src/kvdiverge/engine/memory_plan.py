@@ -441,7 +441,9 @@ def plan_config(
     """The plan of every rollout job of a config, at the documents' length bound (a stratum's
     ``target_tokens − generation_reserve``) and the largest K (``K: plan`` at
     ``analysis.planning.max_K``): one row per study, stage (development, evaluation), model
-    and stratum, with ``max_batch_rows`` as configured (``auto``: sized to ``device_gb``).
+    and stratum, with ``max_batch_rows`` as configured (``auto``: sized to ``device_gb``; where
+    one replicate per call does not fit, the plan at one replicate per call, which
+    :func:`format_plan` shows as not fitting, and the job refuses on its own device).
     Models whose shape is unknown (:func:`model_shape`) are left out. ``folders``: a model's
     folder by name (else its ``path``)."""
     from kvdiverge.eviction import parse_action
@@ -481,7 +483,11 @@ def plan_config(
                     job = f"{study}/{stage}/{model}/{stratum['env']}-{stratum['label']}"
                     args = (shape, lengths, kept, names, K, K_control, control, H)
                     if budget == "auto":  # a CUDA plan: the masked pass's bias counted
-                        plan = auto_batch_rows(*args, device_gb * GB, window, bias=True)
+                        try:
+                            plan = auto_batch_rows(*args, device_gb * GB, window, bias=True)
+                        except PreflightError:  # shown as not fitting; the job itself refuses
+                            smallest = max(r for r, _ in _groups(names, K, K_control, control))
+                            plan = plan_job(*args, smallest, window, bias=True)
                     else:
                         plan = plan_job(*args, int(budget), window, bias=True)
                     rows.append({"job": job, "n": n, "K": K, "plan": plan, "shape": shape})
