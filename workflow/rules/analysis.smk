@@ -166,13 +166,9 @@ rule prespecify:
         lock="study",
         prespecified=prespecified_study,
         # the lock registers each model folder's digests; a first registration beside
-        # existing evaluation trajectories (an erased history) is refused
+        # existing evaluation trajectories of the first group (an erased history) is refused
         model_paths={name: model_path(name) for name in config["models"]},
-        evaluation_files=lambda w: [
-            f
-            for files in study_trajectory_files(w.study, config["models"], "evaluation").values()
-            for f in files
-        ],
+        evaluation_files=lambda w: locked_evaluation_files(w.study),
         endpoint_script=(
             "swrb_estimands.py" if config["rollout"]["coupling"] == "swrb" else "estimands.py"
         ),

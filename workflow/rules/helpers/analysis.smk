@@ -20,6 +20,16 @@ def study_trajectory_files(study, models, stage):
     }
 
 
+def locked_evaluation_files(study):
+    """The evaluation trajectory files the study's lock binds: those of its first rollout
+    group's actions, every model and stratum (rule prespecify refuses a first registration
+    beside any of them). A later group's files, bound by its amendment, are left out: appending
+    an action in a new group changes no param of rule prespecify (docs/compare.md, "Rollout
+    groups")."""
+    files = study_trajectory_files(study, config["models"], "evaluation")
+    return [f for action in rollout_groups(study)[first_group(study)] for f in files[action]]
+
+
 def keyed(prefix, paths):
     """Named inputs `<prefix>/<key>`, one per entry of the mapping key -> path(s): a script
     reads them back by key (kvdiverge.pipeline.rule_inputs.keyed_inputs), never by position."""
