@@ -16,11 +16,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
+from registration_helpers import file_meta
 from workflow_helpers import planned_jobs
 
 from kvdiverge.analysis.prespecification import read_lock
 from kvdiverge.analysis.synthetic import stratum_pairs, write_synthetic_study
 from kvdiverge.config import validate_config
+from kvdiverge.io.model_digest import model_digests
 from kvdiverge.io.trajectories import (
     read_trajectories,
     read_trajectory_metadata,
@@ -66,11 +68,27 @@ def _snakemake(
     )
 
 
-def _split(path: Path, dev_path: Path, cohort: str) -> None:
+def _rolled_out(meta: dict, folder: Path) -> dict:
+    """A synthetic file's metadata with what a rollout job records of its numerics: the model
+    by name, its folder's digests, the device, dtype, kernels and libraries."""
+    name = meta["model"]
+    return {
+        **meta,
+        "model": {"name": name, "path": f"data/models/{name}"},
+        "model_digest": model_digests(folder / name),
+        "device": "cpu",
+        "dtype": "float64",
+        "kernel": {},
+        "libraries": {"torch": "synthetic", "transformers": "synthetic", "kvpress": "synthetic"},
+    }
+
+
+def _split(path: Path, dev_path: Path, cohort: str, models: Path) -> None:
     """Move a synthetic file's development documents to their own file (the development
     rollout's) and keep the study's evaluation cohort in it, each with the engine's measured
-    seconds."""
+    seconds and the numerics a rollout records (``models``: the work folder's model folders)."""
     frame, meta = read_trajectories(path), read_trajectory_metadata(path)
+    meta = _rolled_out(meta, models)
     parts = {c: frame.filter(pl.col("doc_id").str.contains(f"/{c}/")) for c in ("dev", cohort)}
     for part, target in ((parts["dev"], dev_path), (parts[cohort], path)):
         paths = part.select("doc_id", "replicate").unique().height
@@ -98,6 +116,7 @@ def analysed(tmp_path_factory):
     for model in config["models"]:  # the committed demo models stand in for their rule
         shutil.copytree(ROOT / "data" / "models" / model, work / "data" / "models" / model)
     H = config["rollout"]["H"]
+    max_K = config["analysis"]["planning"]["max_K"]  # the lock's K is at most this
     strata = [f"{s['env']}-{s['label']}" for s in config["datasets"]["strata"]]
     evaluation = []
     for name, study in config["studies"].items():
@@ -112,7 +131,7 @@ def analysed(tmp_path_factory):
                 name,
                 model,
                 pairs,
-                {"dev": (3, study["K_dev"]), **{c: (3, 2) for c in config["studies"]}},
+                {"dev": (3, study["K_dev"]), **{c: (3, max_K) for c in config["studies"]}},
                 H,
                 seed=config["seed"],
                 control=study["control"],
@@ -123,19 +142,22 @@ def analysed(tmp_path_factory):
                     dev = (
                         work / f"results/{name}/{model}/dev/trajectories/{action}/{stratum}.parquet"
                     )
-                    _split(path, dev, name)
-                    evaluation.append((name, path))
+                    _split(path, dev, name, work / "data" / "models")
+                    staged = path.with_suffix(".staged")  # rolled out only after the lock
+                    path.rename(staged)
+                    evaluation.append((name, model, action, path, staged))
     for dev in (work / "results").glob("*/*/dev/trajectories/*/*.parquet"):
         os.utime(dev)  # newer than every documents table (rewritten once per study and model)
     locks = [f"results/{name}/lock.json" for name in config["studies"]]
     res = _snakemake(work, *locks, "--allowed-rules", *RULES)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    hashes = {
-        name: read_lock(work / f"results/{name}/lock.json")["hash"] for name in config["studies"]
-    }
-    for name, path in evaluation:  # the evaluation stage's files, rolled out under the lock
-        frame, meta = read_trajectories(path), read_trajectory_metadata(path)
-        write_trajectories(frame, path, {**meta, "lock": hashes[name]})
+    locks = {name: read_lock(work / f"results/{name}/lock.json") for name in config["studies"]}
+    for name, model, action, path, staged in evaluation:  # the evaluation files, under the lock
+        frame, meta = read_trajectories(staged), read_trajectory_metadata(staged)
+        meta = {**meta, **file_meta(locks[name], action, model)}
+        (K,) = meta["K"].values()  # the lock's K (K_control for the control)
+        write_trajectories(frame.filter(pl.col("replicate") < K), path, meta)
+        staged.unlink()
     res = _snakemake(work, *TARGETS, "--allowed-rules", *RULES)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return work, config, strata
@@ -197,7 +219,7 @@ def _placed(work: Path, models: list[str]) -> tuple[dict, list[str]]:
             for action in study["actions"]:
                 for stratum, path in files[action].items():
                     folder = work / f"results/{name}/{model}/dev/trajectories/{action}"
-                    _split(path, folder / f"{stratum}.parquet", name)
+                    _split(path, folder / f"{stratum}.parquet", name, work / "data" / "models")
     for dev in (work / "results").glob("*/*/dev/trajectories/*/*.parquet"):
         os.utime(dev)  # newer than every documents table
     return config, strata
