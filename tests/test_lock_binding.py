@@ -224,8 +224,11 @@ def test_a_broken_gather_fails_the_swrb_control_check(tmp_path, monkeypatch):
     for stratum, doc in (("a", first), ("b", second)):
         files[stratum] = tmp_path / f"one-{stratum}.parquet"
         meta = {**read_swrb_metadata(sound), "n_documents": 1}
-        write_swrb_records(records.filter(pl.col("doc_id") == doc), files[stratum], meta)
-    table = swrb_study_table({"m": {"full": files}}, draws=50)
+        one = records.filter(pl.col("doc_id") == doc)  # one document as stratum a (b)
+        one = one.with_columns(pl.col("doc_id").str.replace(r"^[^/]+/", f"{stratum}/"))
+        write_swrb_records(one, files[stratum], meta)
+    model = read_swrb_metadata(sound)["model"]["name"]  # each file is read as its own model's
+    table = swrb_study_table({model: {"full": files}}, draws=50)
     strata = table.filter(pl.col("stratum") != "pooled")
     assert (strata["n_docs"] == 1).all() and strata["ci_low"].is_nan().all()
     pooled = table.filter((pl.col("stratum") == "pooled") & (pl.col("estimand") == "R_smc"))

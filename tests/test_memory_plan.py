@@ -227,7 +227,10 @@ def test_estimate_within_15_percent_of_the_measured_peak(
     args["lengths"] = lengths
     # one thread and one malloc arena: the resident memory then grows by what is allocated,
     # not by how thread arenas happen to split it (measured: ±25% between runs without)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1"}
+    # and no variable a caller (another test in this worker) left behind: only what it needs
+    keep = ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1"})
     # a kernel cache of its own: built in the warm-up, whatever other tests do to the shared one
     env["KVDIVERGE_CACHE"] = str(tmp_path / "cache")
     out = subprocess.run(

@@ -161,5 +161,5 @@ def test_output_dir_holds_every_result_and_benchmark(tmp_path):
     assert "runs/other/documents/ruler-1024.parquet" in paths
     assert "runs/other/logs/analysis/estimands/study1.log" in paths
     assert _outside(paths, "runs/other") == []
-    rule_all = re.search(r"^(?:local)?rule all:\n    input: (.*)$", text, re.M).group(1).split(", ")
-    assert rule_all and _outside(rule_all, "runs/other") == []
+    # rule all prints one line (its message); its targets are outputs of the jobs checked above
+    assert re.search(r"rule all: the [1-9]\d* final outputs under runs/other/$", text, re.M), text
