@@ -172,14 +172,27 @@ def docs(lengths):
 warm = RolloutSettings(4, 1, max_batch_rows=args["rows"])
 for _ in rollout_documents(model, docs([300]), actions, [0], warm):
     pass  # the kernels built and validated, the lazy state made
-with open("/proc/self/statm") as f:
-    base = int(f.read().split()[1]) * resource.getpagesize()
+import threading
+
+def anon():  # resident anonymous memory: what tensors hold; file pages (the libraries' code)
+    with open("/proc/self/status") as f:  # may be evicted under another process's load
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("RssAnon:"))
+
+base, peak, done = anon(), [0], threading.Event()
+def watch():
+    while not done.is_set():
+        peak[0] = max(peak[0], anon())
+        done.wait(0.001)
+watcher = threading.Thread(target=watch)
+watcher.start()
 settings = RolloutSettings(args["H"], 1, max_batch_rows=args["rows"])
 for _ in rollout_documents(model, docs(args["lengths"]), actions, [0], settings):
     pass
+done.set()
+watcher.join()
+peak[0] = max(peak[0], anon())
 from kvdiverge.engine.kernels import kernel_choices
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"job": peak - base, "kernels": kernel_choices()}))
+print(json.dumps({"job": peak[0] - base, "kernels": kernel_choices()}))
 """
 
 LLAMA = dict(
@@ -219,9 +232,10 @@ def test_estimate_within_15_percent_of_the_measured_peak(
     config, actions, K, H, rows, lengths, tmp_path
 ):
     """A real rollout of randomly initialised mid-size models (float32, one thread, the native
-    prompt kernel's packed keys counted) in a fresh process: the growth of its resident memory
-    from before the rollout to its peak (the weights already held) is within 15% of the plan's
-    peak less the weights."""
+    prompt kernel's packed keys counted) in a fresh process: the growth of its resident
+    anonymous memory from before the rollout to its peak (the weights already held; file pages,
+    which another process's load can evict, not counted) is within 15% of the plan's peak less
+    the weights."""
     counts = {name: 2 if a["selector"] == "full" else K for name, a in actions.items()}
     args = {"config": config, "actions": actions, "K": counts, "H": H, "rows": rows}
     args["lengths"] = lengths
