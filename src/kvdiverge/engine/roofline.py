@@ -25,10 +25,19 @@ from kvdiverge.engine.settings import MASKED_MIN_FRACTION
 __all__ = [
     "DEVICES",
     "Device",
+    "Work",
+    "causal_attention_work",
+    "coupling_work",
     "decode_step_seconds",
     "job_seconds",
+    "kernel_work",
+    "lm_head_work",
+    "mlp_work",
+    "own_attention_work",
     "plan_seconds",
     "prefill_seconds",
+    "projection_work",
+    "prompt_attention_work",
 ]
 
 
@@ -119,3 +128,114 @@ def plan_seconds(
         kept = [job_kept(actions, row["n"])] * n_docs
         out.append(job_seconds(row["shape"], lengths, kept, plan.documents, plan.rows, H, device))
     return out
+
+
+# --- Counting the work of a model call's parts: FLOPs and bytes a machine must at least spend ---
+#
+# Used by ``benchmarks/throughput.py --roofline`` against the same process's measured GEMM rate
+# and memory bandwidth. b is the model's bytes per element (``ModelShape.dtype_bytes``); L
+# layers, h hidden size, H query heads, G KV heads, d head size, I MLP width, V vocabulary.
+# Matrix products count 2 FLOPs per multiply-add; elementwise work (norms, RoPE, SiLU, exp)
+# counts none, so its bound is its memory traffic alone.
+
+
+@dataclass(frozen=True)
+class Work:
+    """Floating-point operations and bytes moved of one piece of work."""
+
+    flops: float
+    bytes: float
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.flops + other.flops, self.bytes + other.bytes)
+
+    def bound(self, rate: float, bandwidth: float) -> float:
+        """The least seconds on a machine of ``rate`` FLOP/s and ``bandwidth`` B/s:
+        max(flops / rate, bytes / bandwidth)."""
+        return max(self.flops / rate, self.bytes / bandwidth)
+
+
+def _attention_weights(shape: ModelShape) -> int:
+    """Per layer the q, k, v, o weights: h·(H + 2G)·d + H·d·h."""
+    h, d = shape.hidden, shape.head_dim
+    return h * (shape.heads + 2 * shape.kv_heads) * d + shape.heads * d * h
+
+
+def projection_work(shape: ModelShape, rows: int) -> Work:
+    """The attention blocks' q, k, v and o projections of ``rows`` rows (tokens).
+
+    FLOPs 2·rows·L·W with W = h·(H + 2G)·d + H·d·h; bytes b·L·(W + B) for the weights (B =
+    (H + 2G)·d biases when the model has them) read once, plus b·rows·L·(4h + (2H + 2G)·d): q, k
+    and v each read the row's input (3h) and write (H + 2G)·d, o reads H·d and writes h."""
+    w = _attention_weights(shape)
+    qkv = (shape.heads + 2 * shape.kv_heads) * shape.head_dim
+    bias = qkv if shape.qkv_bias else 0
+    b, L, h, d = shape.dtype_bytes, shape.layers, shape.hidden, shape.head_dim
+    activations = 4 * h + (2 * shape.heads + 2 * shape.kv_heads) * d
+    return Work(2 * rows * L * w, b * L * (w + bias) + b * rows * L * activations)
+
+
+def mlp_work(shape: ModelShape, rows: int) -> Work:
+    """The MLPs (gate, up, down: 3·h·I weights a layer) of ``rows`` rows.
+
+    FLOPs 2·rows·L·3·h·I; bytes b·L·3·h·I for the weights plus b·rows·L·(3h + 3I): gate and up
+    each read h and write I, down reads I and writes h (the SiLU and product in between are
+    elementwise, not counted)."""
+    b, L, h, i = shape.dtype_bytes, shape.layers, shape.hidden, shape.intermediate
+    return Work(2 * rows * L * 3 * h * i, b * L * 3 * h * i + b * rows * L * (3 * h + 3 * i))
+
+
+def lm_head_work(shape: ModelShape, rows: int) -> Work:
+    """The LM head (V·h weights) of ``rows`` rows: FLOPs 2·rows·V·h; bytes b·V·h for the weights,
+    b·rows·h read and b·rows·V of logits written."""
+    b, h, v = shape.dtype_bytes, shape.hidden, shape.vocab
+    return Work(2 * rows * v * h, b * v * h + b * rows * h + b * rows * v)
+
+
+def prompt_attention_work(
+    shape: ModelShape, rows: int, attended: float, read: float, masked: float = 0.0
+) -> Work:
+    """One prompt-attention product of a decoding call: ``rows`` rows, ``attended`` the sum over
+    those rows of the prompt entries each attends to (per layer and KV head: its kept entries),
+    ``read`` the prompt entries the product reads (per layer and KV head: the full prompt for a
+    masked pass, the part's width for a gathered part), ``masked`` the sum over the product's
+    masked groups of the prompt length (each reads a float32 bias row per layer and KV head).
+
+    FLOPs 4·d·H·L·attended (2d for the score and 2d for the weighted value, per query head and
+    entry); bytes 2·L·G·read·d·b for the keys and values read once, 4·L·G·masked for the masks
+    and 2·b·L·H·d·rows for the queries read and the outputs written."""
+    b, L, d, H, G = shape.dtype_bytes, shape.layers, shape.head_dim, shape.heads, shape.kv_heads
+    moved = kv_bytes(shape, read) + 4 * L * G * masked + 2 * b * L * H * d * rows
+    return Work(4 * d * H * L * attended, moved)
+
+
+def own_attention_work(shape: ModelShape, rows: int, entries: int) -> Work:
+    """The decoding rows' attention to their own generated entries (``entries`` each, the step's
+    own included): FLOPs 4·d·H·L·rows·entries; bytes 2·L·G·d·b·rows·entries for the row
+    caches' keys and values read and 2·b·L·H·d·rows for the queries and outputs."""
+    b, L, d, H = shape.dtype_bytes, shape.layers, shape.head_dim, shape.heads
+    return Work(
+        4 * d * H * L * rows * entries, kv_bytes(shape, rows * entries) + 2 * b * L * H * d * rows
+    )
+
+
+def causal_attention_work(shape: ModelShape, n: int) -> Work:
+    """A prefill's causal attention over n tokens: n·(n + 1)/2 query–key pairs per query head and
+    layer, FLOPs 4·d·H·L·n·(n + 1)/2; bytes b·L·n·d·(2H + 2G): the queries and keys and values
+    read once and the outputs written (a flash kernel's floor)."""
+    b, L, d, H, G = shape.dtype_bytes, shape.layers, shape.head_dim, shape.heads, shape.kv_heads
+    return Work(2 * d * H * L * n * (n + 1), b * L * n * d * (2 * H + 2 * G))
+
+
+def kernel_work(rows: int, vocab: int, logit_bytes: int = 4) -> Work:
+    """The sampling kernels softmax(logits / T) of ``rows`` rows in float64: the logits read
+    (``logit_bytes`` each) and the float64 probabilities written, rows·V·(logit_bytes + 8)
+    bytes; no matrix arithmetic."""
+    return Work(0.0, rows * vocab * (logit_bytes + 8))
+
+
+def coupling_work(rows: int, vocab: int) -> Work:
+    """The coupling of a step (TV, fixed-history TV, inverse CDFs) at its floor: every batch
+    row's float64 probabilities read once, 8·rows·V bytes (one fused pass); no matrix
+    arithmetic."""
+    return Work(0.0, 8 * rows * vocab)
