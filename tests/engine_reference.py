@@ -1,6 +1,7 @@
 """The engine's test oracle: plain transformers decoding over an explicitly gathered cache.
 
-Shared by ``tests/test_engine.py`` and ``benchmarks/device_check.py`` (which runs it on a GPU).
+Shared by ``tests/engine/test_engine.py`` and ``benchmarks/device_check.py`` (which runs it on a
+GPU).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""User selectors for the reliability cases (tests/test_reliability_selectors.py), one fault
-each. Named in an action as ``reliability_helpers:<Class>`` (tests/ is on the import path of the
-tests and of the job subprocesses they start)."""
+"""User selectors for the reliability cases (tests/eviction/test_reliability_selectors.py), one
+fault each. Named in an action as ``reliability_helpers:<Class>`` (tests/ is on the import path
+of the tests and of the job subprocesses they start)."""
 
 from __future__ import annotations
 

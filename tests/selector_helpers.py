@@ -1,5 +1,5 @@
 """User selectors that break the selector output contract, one way each, for the bad-selector
-catalogue (tests/test_bad_selectors.py). Named in an action as ``selector_helpers:<Class>``
+catalogue (tests/eviction/test_bad_selectors.py). Named in an action as ``selector_helpers:<Class>``
 (tests/ is on the import path of the tests and of the job subprocesses they start)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ can be trusted (``docs/method.md``, "The full-retention control").
 Tolerance. With one thread on CPU in float32 (every pipeline rollout job: ``threads: 1``) that
 path is bit-exact, δ ≡ f ≡ 0, whatever K and K_control are: every row of a model call is
 computed by the same instructions wherever it lies in the batch (tested in
-``tests/test_control_exact.py``). With several threads the matrix products split the batch's
+``tests/engine/test_control_exact.py``). With several threads the matrix products split the batch's
 rows between threads differently for the reference rows and the control's rows, and P and Q
 differ by rounding (δ about 1e-6 on the demo models); a fused GPU or reduced-precision kernel
 does the same. The file records device and dtype but not the thread count, so

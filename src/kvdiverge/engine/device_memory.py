@@ -5,9 +5,9 @@ device has free (:func:`available_bytes`: a CUDA device's free memory, a CPU's a
 memory) by the plan of :mod:`kvdiverge.engine.memory_plan`.
 
 ``auto`` moves no path: the engine's results do not depend on which documents share a model
-call (``tests/test_multidoc_batch.py``, ``tests/test_auto_batch_rows.py``), so the files
-record the configured value (``max_batch_rows``, what a lock registers) and the rows the job
-ran with (``batch_rows``).
+call (``tests/engine/test_multidoc_batch.py``, ``tests/engine/test_auto_batch_rows.py``), so
+the files record the configured value (``max_batch_rows``, what a lock registers) and the rows
+the job ran with (``batch_rows``).
 """
 
 from __future__ import annotations

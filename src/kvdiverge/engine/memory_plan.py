@@ -20,7 +20,7 @@ evaluation rows and control together, so the control never runs in a batch of it
 that cannot fit even one replicate per call is refused in one line with the numbers
 (:func:`check_fits`). The terms assume the fused attention kernels (no score matrix over the
 prompt is held). The estimate is checked against measured peaks on CPU
-(``tests/test_memory_plan.py``); the device's allocator keeps some memory besides, so a plan
+(``tests/engine/test_memory_plan.py``); the device's allocator keeps some memory besides, so a plan
 fits when it is at most :data:`USABLE_FRACTION` of the device's memory less
 :data:`CONTEXT_BYTES`.
 """
@@ -446,8 +446,7 @@ def plan_config(
     :func:`format_plan` shows as not fitting, and the job refuses on its own device).
     Models whose shape is unknown (:func:`model_shape`) are left out. ``folders``: a model's
     folder by name (else its ``path``)."""
-    from kvdiverge.eviction import parse_action
-    from kvdiverge.pipeline.actions import selector_entry
+    from kvdiverge.eviction import parse_action, selector_entry
 
     datasets = config.get("datasets", {})
     reserve = int(datasets.get("generation_reserve", 128))

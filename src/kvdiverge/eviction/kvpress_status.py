@@ -5,7 +5,7 @@ the bridge itself decides it for the installed kvpress (:func:`press_status`).
 The presses are enumerated from the installed package (:func:`exported_presses`: every class
 of ``kvpress.__all__`` that subclasses ``BasePress``, the two base classes ``BasePress`` and
 ``ScorerPress`` aside), so a kvpress release that adds or drops a press changes the list, and
-``tests/test_kvpress_status.py`` holds the documented table to it.
+``tests/eviction/test_kvpress_status.py`` holds the documented table to it.
 """
 
 from __future__ import annotations

@@ -386,7 +386,7 @@ def gguf_parsed_once() -> Iterator[None]:
     milliseconds. In the block ``gguf.GGUFReader(path)`` returns one read-only reader per file
     and ``gguf.get_tensor_name_map`` one map per argument list; both are restored on exit.
     The readers are the library's own objects, so the conversion is unchanged (tested against
-    a conversion without the block in ``tests/test_model_sources.py``).
+    a conversion without the block in ``tests/models/test_model_sources.py``).
     """
     import gguf
 
