@@ -157,6 +157,9 @@ class SharedPrefix:
     fused: bool = True  # use a validated fused attention kernel where one exists
     passes: list[PromptPass] = field(default_factory=list)  # masked passes over full prompts
     native: bool = True  # with ``fused``: the native prompt kernel where built and validated
+    # compression during decoding: the cache whose rows mask their evicted entries
+    # (:class:`kvdiverge.engine.decoding_compression.CompressingRowCache`), else None
+    decoding: Any = None
     _plan: list | None = field(default=None, init=False, repr=False, compare=False)
 
     def plan(self) -> list[tuple[torch.Tensor, Callable[[int, int], tuple]]]:
@@ -200,6 +203,7 @@ class RowCache:
     """
 
     is_compileable = False
+    compressing = False  # rows keep every entry (a CompressingRowCache's rows mask theirs)
 
     def __init__(
         self,
@@ -306,6 +310,8 @@ def shared_prefix_attention(
         o, lse = kernels.attend_prompt(layout, qg, pk, pv, scale, table, row_index, **flags)
         o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
         lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
+    if prefix.decoding is not None:  # rows compressed during decoding: their kept entries only
+        prefix.decoding.attend(prefix, layer, q, key, value, scale, o_own, lse_own, o_pre, lse_pre)
     # Each row's weights are padded to a multiple of 64 lanes so that the vectorised sigmoid
     # treats every row alike: torch's CPU loop runs blocks of two vectors (32 floats with
     # AVX-512) and a scalar tail that rounds differently, so with rows of 16 lanes the last row

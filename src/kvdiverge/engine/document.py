@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvdiverge.engine.decoding_compression import DecodingSpec
 from kvdiverge.engine.kernels import fused_masked_kernel
 from kvdiverge.engine.rows import (
     _Intervention,
@@ -39,6 +40,7 @@ from kvdiverge.eviction import (
     select_positions,
     transformed_prefix,
 )
+from kvdiverge.eviction.decoding import is_decoding
 from kvdiverge.theory.coupling import (
     document_key,
 )
@@ -201,6 +203,10 @@ class _Document:
                     layout = "gathered"
             if is_transform(a):  # its own tensors, attended in the gathered layout
                 self.interventions.append(_Intervention(transformed_prefix(prefill, a)))
+            elif is_decoding(a):  # its rows' kept entries change as they decode
+                spec = DecodingSpec.of(a, kept, prefill.n)
+                part = gather_prefix(prefill, kept)
+                self.interventions.append(_Intervention(part, decoding=spec))
             elif identity:
                 self.interventions.append(_Intervention(None))
             elif layout == "masked":
@@ -212,6 +218,20 @@ class _Document:
             size = prompt_bytes(a, counts, prefill.n, n_kv, head_dim, itemsize, layers)
             held = cache_bytes(size, settings.H, n_kv, head_dim, itemsize)
             self.cache_bytes[a.name] = held.as_dict()
+
+    def _bytes(self, name: str, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """The action's cache bytes; a decoding action's from what its rows held (``end``: the
+        mean over its replicates' Y rows at their last decoding call, rounded; ``end_rows``:
+        each replicate's, per layer)."""
+        held = self.cache_bytes[name]
+        if "kept_entries" not in arrays:
+            return held
+        assert self.prefill is not None
+        n_kv, _, head_dim = self.prefill.keys[0].shape
+        per_entry = n_kv * 2 * head_dim * self.prefill.keys[0].element_size()
+        rows = arrays["kept_entries"].astype(np.int64) * per_entry
+        end = [int(round(v)) for v in rows.mean(axis=0)]
+        return {**held, "end": end, "end_rows": rows.tolist()}
 
     def release(self) -> None:
         """Drop the prefill and the prompt parts (the document's rollouts are done)."""
@@ -281,7 +301,7 @@ class _Document:
                     logits=logits or None,
                     prefill_seconds=self.prefill_seconds,
                     selection_seconds=self.selection_seconds[name],
-                    cache_bytes=self.cache_bytes[name],
+                    cache_bytes=self._bytes(name, merged),
                     decode_seconds=group_seconds * (x_rows + own[j]) / max(group_rows, 1),
                 )
         return {a.name: results[a.name] for a in self.specs}

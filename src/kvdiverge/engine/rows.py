@@ -63,6 +63,7 @@ from kvdiverge.engine.attention import (
     SharedPrefix,
     attention_implementation,
 )
+from kvdiverge.engine.decoding_compression import DecodingSpec, row_cache
 from kvdiverge.engine.settings import RolloutSettings, _is_oom, _uniforms
 from kvdiverge.eviction import (
     Prefill,
@@ -93,6 +94,7 @@ class _Intervention:
     prefix: list[tuple[torch.Tensor, ...]] | None
     masked: bool = False
     mask: list[torch.Tensor] | None = None
+    decoding: DecodingSpec | None = None  # compression during decoding (its rows' own entries)
 
     @property
     def evicting(self) -> bool:
@@ -252,6 +254,7 @@ class _RowBatch:
         group_key = self._group_base[self.unit] + (self.stream + 1) // 2
         rows = self._split(group_key, len(self.flat_prompts))
         self.shared = SharedPrefix(rows, self.flat_prompts, self.fused, self.passes, self.native)
+        self.shared.decoding = self.cache if self.cache.compressing else None
 
     def by_replicate(
         self, values: torch.Tensor, unit: int, code: int, base: torch.Tensor | None = None
@@ -455,16 +458,11 @@ def _rollout_units(
     first = units[0].prefill
     device = first.last_logits.device
     n_kv, _, d = first.keys[0].shape
-    cache = RowCache(
-        len(first.keys),
-        sum(unit.rows for unit in units),
-        n_kv,
-        d,
-        max(H - 1, 1),
-        first.keys[0].dtype,
-        device,
-    )
     runs = [_UnitRun(unit, settings, device) for unit in units]
+    evicted = [run.evicted for run in runs]
+    rows = sum(unit.rows for unit in units)
+    dtype = first.keys[0].dtype
+    cache = row_cache(units, evicted, len(first.keys), rows, n_kv, d, max(H - 1, 1), dtype, device)
     prompts, passes = _prompt_groups(units, runs, settings.prompt_attention != "gathered")
     batch = _RowBatch(
         prompts,
@@ -524,7 +522,12 @@ def _rollout_units(
             tokens = batch.per_row([table[1] for table in tables])
             position = lengths[0] + t - 1 if same_length else prompt_n[batch.unit] + (t - 1)
             logits = decode_step(model, tokens, position, cache, batch.shared)
-    return [run.arrays() for run in runs]
+            if cache.compressing:  # compression during decoding: each row from its own history
+                cache.after_call(batch.shared)
+    arrays = [run.arrays() for run in runs]
+    if cache.compressing:
+        cache.add_outcomes(arrays, evicted)
+    return arrays
 
 
 def _prompt_groups(

@@ -34,18 +34,21 @@ line naming the action and the selector otherwise.
 Modules: ``budgets``, ``prefill``, ``selectors``, ``run`` (running the prefill and the
 selectors), ``contract``, ``builtin`` (``full``, ``recent``, ``snapkv``), ``kvpress_bridge``,
 ``kvpress_status`` (every press kvpress exports, bridged or refused), ``transforms`` and
-``quantize``.
+``quantize``, ``decoding`` (compression during decoding: :class:`DecodingCompressor`, the
+built-in ``streaming``) and ``kvpress_decoding`` (kvpress's DecodingPress).
 """
 
 from __future__ import annotations
 
 from kvdiverge.eviction.budgets import ActionError, budget_tokens
 from kvdiverge.eviction.builtin import FullSelector, RecentSelector, SnapKVSelector, snapkv_scores
+from kvdiverge.eviction.decoding import DecodingCompressor, StreamingCompressor, is_decoding
 from kvdiverge.eviction.kvpress_bridge import KvpressSelector
 from kvdiverge.eviction.prefill import LayerInputs, Prefill
 from kvdiverge.eviction.quantize import QuantizeSelector
 from kvdiverge.eviction.run import kept_counts, kept_positions, run_prefill, select_positions
 from kvdiverge.eviction.selectors import (
+    DISPLAY_KEYS,
     SELECTORS,
     ActionSpec,
     ScoredSelector,
@@ -55,6 +58,7 @@ from kvdiverge.eviction.selectors import (
     parse_action,
     register_selector,
     resolve_selector,
+    selector_entry,
 )
 from kvdiverge.eviction.transforms import (
     PromptTransform,
@@ -65,9 +69,11 @@ from kvdiverge.eviction.transforms import (
 )
 
 __all__ = [
+    "DISPLAY_KEYS",
     "SELECTORS",
     "ActionError",
     "ActionSpec",
+    "DecodingCompressor",
     "FullSelector",
     "KvpressSelector",
     "LayerInputs",
@@ -78,9 +84,11 @@ __all__ = [
     "ScoredSelector",
     "Selector",
     "SnapKVSelector",
+    "StreamingCompressor",
     "budget_tokens",
     "cache_bytes",
     "check_action",
+    "is_decoding",
     "is_transform",
     "keeps_everything",
     "kept_counts",
@@ -91,6 +99,7 @@ __all__ = [
     "resolve_selector",
     "run_prefill",
     "select_positions",
+    "selector_entry",
     "snapkv_scores",
     "transformed_prefix",
 ]
