@@ -44,8 +44,8 @@ def test_empty_config_gets_defaults():
         (lambda c: c.__setitem__("seed", -1), "config.seed", "expected a value >= 0"),
         (lambda c: c.__setitem__("seed", "x"), "config.seed", "expected integer"),
         (
-            # K_dev 1 is the schema's floor (greedy decoding); above 0 temperature the config
-            # check asks for 2 (tests/workflow/test_pipeline_temperature.py)
+            # K_dev 1 is the schema's floor (greedy decoding); above 0 temperature the schema
+            # asks for 2 (tests/config/test_schema_rules.py)
             lambda c: c.__setitem__("studies", {"s": {"actions": ["full"], "K_dev": 0}}),
             "config.studies.s.K_dev",
             "expected a value >= 1",

@@ -5,16 +5,14 @@
 import os
 import sys
 
-from kvdiverge.config import check_config
-from kvdiverge.pipeline.names import wildcard_alternation
-from kvdiverge.pipeline.provenance import script_fingerprint
+from kvdiverge.config import check_config, configured_actions, wildcard_alternation
+from kvdiverge.config import model_path as configured_model_path
 from kvdiverge.config import study_contrasts as configured_contrasts
 from kvdiverge.config import study_groups
+from kvdiverge.pipeline.provenance import script_fingerprint
 from kvdiverge.engine.preflight import check_configured_models
 from kvdiverge.pipeline.folders import check_writable_folder
 from kvdiverge.datasets import DatasetsConfig
-from kvdiverge.eviction import parse_action
-from kvdiverge.pipeline.actions import selector_entry
 from kvdiverge.analysis.prespecification import prespecified
 
 # Once, before any job: the config files read strictly, every value's kind and range, every
@@ -137,10 +135,8 @@ def study_strata():
 
 # ---- Models, actions, studies and rollout groups (docs/configuration.md, "Models", "Actions"
 # and "Studies"): checked at parse time ------------------------------------------------------
-# (a `label` is for display, no selector parameter: kvdiverge.pipeline.actions.selector_entry)
-ROLLOUT_ACTIONS = {
-    name: parse_action(selector_entry(spec), name=name) for name, spec in config["actions"].items()
-}
+# (a `label` is for display, no selector parameter: kvdiverge.config.configured_actions)
+ROLLOUT_ACTIONS = configured_actions(config)
 
 
 def demo_models():
@@ -156,23 +152,8 @@ def sourced_models():
 
 def model_path(name):
     """A demo or sourced model's folder data/models/<name>, else the configured path or hub
-    id (one-line errors)."""
-    spec = config["models"].get(name)
-    if spec is None:
-        raise ValueError(f"config.models: no model named {name!r} ({', '.join(config['models'])})")
-    if spec.get("demo") and spec.get("source"):
-        raise ValueError(f"config.models.{name}: expected `demo` or `source`, not both")
-    if spec.get("demo") or spec.get("source"):
-        path = f"data/models/{name}"
-        if spec.get("path", path) != path:
-            kind = "a demo model is built" if spec.get("demo") else "a sourced model is written"
-            raise ValueError(f"config.models.{name}.path: {kind} into {path}")
-        return path
-    if "path" not in spec:
-        raise ValueError(
-            f"config.models.{name}: expected `path` (directory or hub id), `demo` or `source`"
-        )
-    return spec["path"]
+    id (kvdiverge.config.model_path, the parse-time check's own reading; one-line errors)."""
+    return configured_model_path(config, name)
 
 
 def rollout_groups(study):

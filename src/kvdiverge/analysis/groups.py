@@ -3,7 +3,8 @@ evaluation job, and which group each action belongs to.
 
 A study's ``groups`` (config ``studies.<study>.groups``) split its actions; without them the
 study is one group :data:`FIRST_GROUP` of every action. The config's checks of the groups are in
-:mod:`kvdiverge.config`; this module imports nothing of the package, so that the lock code
+:mod:`kvdiverge.config.studies` (which re-exports these names from :mod:`kvdiverge.config`);
+this module imports nothing of the package, so that the lock code
 (:mod:`kvdiverge.analysis.prespecification`) reaches no other module through it (a rule's code
 fingerprint covers every module its script reaches; docs/architecture.md, "Reruns").
 """

@@ -398,6 +398,17 @@ def parse_action(spec: Mapping[str, Any], name: str | None = None) -> ActionSpec
     return action
 
 
+DISPLAY_KEYS = ("label",)
+"""Keys of a config's action entry that are no selector parameter (``label``: what figures and
+tables show, :mod:`kvdiverge.config.actions`)."""
+
+
+def selector_entry(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's action entry without its :data:`DISPLAY_KEYS`: what :func:`parse_action`
+    reads (selector, budget and the selector's parameters)."""
+    return {k: v for k, v in spec.items() if k not in DISPLAY_KEYS}
+
+
 def _as_action(action: ActionSpec | Mapping[str, Any]) -> ActionSpec:
     return action if isinstance(action, ActionSpec) else parse_action(action)
 

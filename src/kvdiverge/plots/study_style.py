@@ -197,7 +197,7 @@ def _action_legend(
 
 def shown_labels(actions: Sequence[str], labels: Mapping[str, str] | None) -> list[str]:
     """What a figure shows for each action: its label (``config.actions.<name>.label``,
-    :func:`kvdiverge.pipeline.actions.action_labels`), else its name."""
+    :func:`kvdiverge.config.actions.action_labels`), else its name."""
     return [str((labels or {}).get(a, a)) for a in actions]
 
 

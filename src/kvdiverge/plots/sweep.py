@@ -1,7 +1,7 @@
 """The budget-sweep figure: the divergence measures of each method against its budget,
 for ``kvdiverge compare --budgets`` (:mod:`kvdiverge.compare.sweep`) and a study's
 figure ``budget_sweep.{png,pdf}`` (rule study_sweep_figure; the swept actions from
-:func:`kvdiverge.pipeline.actions.budget_sweeps`).
+:func:`kvdiverge.config.actions.budget_sweeps`).
 
 From the pooled rows of the estimands table only (nothing is re-estimated): per method and
 budget b, P(τ ≤ H), the mean entry time E[τ | τ ≤ H] and R_SMC = (1/H) Σ_t P(X_t ≠ Y_t), each
@@ -182,7 +182,7 @@ def write_sweep_figure(
     """A study's sweep figure from its ``estimands.csv``: :func:`plot_sweep` of
     :func:`sweep_table` (by model), written as PNG and PDF; returns the plotted rows. A
     baseline among the swept actions is its method's line, drawn as the baseline's (a paired
-    grid: :func:`kvdiverge.pipeline.baselines.baseline_pairs`). An
+    grid: :func:`kvdiverge.config.baselines.baseline_pairs`). An
     action of ``sweep`` absent from the table is a one-line
     :class:`kvdiverge.tables.StudyTableError` naming the file."""
     estimands = read_estimands(estimands_csv)

@@ -1,7 +1,7 @@
 # Helpers of the plan, the locks and the analysis (workflow/rules/analysis.smk;
 # docs/prespecification.md, "Prespecification"; docs/analysis.md, "Analysis").
 from kvdiverge.analysis.prespecification import prespecified_group
-from kvdiverge.pipeline.baselines import baseline_contrasts
+from kvdiverge.config import baseline_contrasts
 
 
 def study_trajectory_files(study, models, stage):

@@ -3,8 +3,7 @@
 import hashlib
 import json
 
-from kvdiverge.pipeline.actions import action_labels, budget_sweeps
-from kvdiverge.pipeline.baselines import baseline_pairs
+from kvdiverge.config import action_labels, baseline_pairs, budget_sweeps
 
 _CONFIG_JSON = json.dumps(config, sort_keys=True, default=str)
 CONFIG_SHA256 = hashlib.sha256(_CONFIG_JSON.encode()).hexdigest()
@@ -41,7 +40,7 @@ def study_metrics_inputs(wildcards):
 
 def study_labels(wildcards):
     """The study's actions' display labels by name (`actions.<name>.label`, else the name;
-    kvdiverge.pipeline.actions): what its figures and tables show."""
+    kvdiverge.config.actions): what its figures and tables show."""
     return action_labels(config, config["studies"][wildcards.study]["actions"])
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvdiverge.config.actions import budget_sweeps
+
 __all__ = ["baseline_contrasts", "baseline_pairs", "baseline_problem"]
 
 
@@ -38,13 +40,11 @@ def baseline_problem(config: Mapping[str, Any]) -> str | None:
 def baseline_pairs(config: Mapping[str, Any], study: str) -> dict[str, str]:
     """Each compared action of a study with a baseline → the action it is set against; {}
     without a baseline. When the baseline's method runs at several budgets of the study
-    (:func:`kvdiverge.pipeline.actions.budget_sweeps`, e.g. ``snapkv`` with ``budgets``), the
+    (:func:`kvdiverge.config.actions.budget_sweeps`, e.g. ``snapkv`` with ``budgets``), the
     grid is paired: each swept action is set against the baseline's method at its own
     budget (``mine@0.25 - snapkv@0.25``), and the baseline's own budgets are no contrast; an
     action at a budget the baseline's method lacks, and every action outside the sweep, is
     set against the baseline as named."""
-    from kvdiverge.pipeline.actions import budget_sweeps
-
     spec = config["studies"][study]
     baseline = spec.get("baseline")
     if baseline is None:

@@ -1,6 +1,8 @@
 """The pipeline's decoding temperature (``rollout.temperature``): its checks
 and what it implies for the studies' replicates, run at parse time by
-:func:`kvdiverge.config.check_config`.
+:func:`kvdiverge.config.check_config`. The one rule that ties a study's replicates to the
+temperature is the schema's (``workflow/schemas/config.schema.yaml``): ``K_dev`` is at least
+2 unless ``rollout.temperature`` is 0, since the plan needs the within-document variance.
 
 The rollout jobs' kernels are softmax(logits / T) (``RolloutSettings.temperature``; the SWRB
 jobs' ``temperature``, at T > 0 only); T = 1 is the model's own law (the paper's setting) and
@@ -27,10 +29,9 @@ def rollout_temperature(config: Mapping[str, Any]) -> float:
 
 def decoding_problem(config: Mapping[str, Any]) -> str | None:
     """The one line refusing a temperature the rollouts cannot run, or None: not a
-    finite number >= 0, SWRB (``rollout.coupling: swrb``) at T = 0, and a study planning from
-    one development path per document (``K_dev`` 1) at T != 0, where the plan needs the
-    within-document variance; and ``rollout.max_batch_rows: auto`` under SWRB (the memory
-    plan that sizes it counts the shared-reference rows).
+    finite number >= 0, SWRB (``rollout.coupling: swrb``) at T = 0, and
+    ``rollout.max_batch_rows: auto`` under SWRB (the memory plan that sizes it counts the
+    shared-reference rows). (``K_dev`` 1 away from T = 0 is the schema's refusal.)
 
     SWRB runs at every T > 0 (its kernels are softmax(logits / T), as the other couplings').
     At T = 0 the kernels are point masses, so e_s ∈ {0, 1}, the trunk is the greedy path itself
@@ -52,14 +53,6 @@ def decoding_problem(config: Mapping[str, Any]) -> str | None:
             "to size it to the device (the plan counts the shared-reference rows); expected an "
             "integer >= 3"
         )
-    if T == 0:
-        return None
-    for study, spec in config.get("studies", {}).items():
-        if spec.get("K_dev", 2) < 2:
-            return (
-                f"config.studies.{study}.K_dev: expected a value >= 2, got {spec['K_dev']} (the "
-                "plan needs the within-document variance; 1 only at rollout.temperature 0)"
-            )
     return None
 
 

@@ -7,8 +7,8 @@ where it is put: it matches :data:`NAME_PATTERN` — a letter or digit, then let
 ``_ . + = @ -`` — and holds no ``..`` (``smollm2+lora``, ``snapkv@0.5``, ``ruler-4k``,
 ``budget=0.25`` are names; ``a/b``, ``../x``, ``a..b``, ``.hidden``, ``{x}`` and ``a b`` are
 not). :func:`name_problem` says what is wrong with one, :func:`config_name_problem` with the
-first bad name of a configuration, in one line naming its key (``kvdiverge.config`` checks
-it first, at parse time).
+first bad name of a configuration, in one line naming its key
+(:func:`kvdiverge.config.check_config` checks it first, at parse time).
 
 A wildcard constraint built from names (``model=…`` in ``workflow/rules/*.smk``) is a regular
 expression: :func:`wildcard_alternation` escapes each name, so ``smollm2+lora`` matches itself

@@ -1,7 +1,10 @@
-"""Two forms of a config's ``actions.<name>`` entry besides its selector, budget and parameters
-(``docs/configuration.md``, "Actions"): a display ``label``, and a
-budget sweep ``budgets``. Both are handled once at parse time by
-:func:`kvdiverge.config.check_config` (:func:`actions_problem`, after the schema check).
+"""A config's actions (``actions.<name>``; ``docs/configuration.md``, "Actions"): the entries
+parsed into :class:`~kvdiverge.eviction.ActionSpec` (:func:`configured_actions`, what the
+rollout rules and the parse-time checks read), their budgets checked against the strata's
+prompt lengths (:func:`check_budgets`), and two forms of an entry besides its selector, budget
+and parameters: a display ``label``, and a budget sweep ``budgets``. Both are handled once at
+parse time by :func:`kvdiverge.config.check_config` (:func:`actions_problem`, after the schema
+check).
 
 * ``label``: free text of at most :data:`MAX_LABEL` printable characters that the study's
   figures (legends, tick labels) and tables (rows, headers, summary sentences) show in place of
@@ -13,7 +16,7 @@ budget sweep ``budgets``. Both are handled once at parse time by
   of a contrast's two actions (``"b - a"``).
 * ``budgets``: a list of distinct budgets (fractions in (0, 1] or token counts >= 1) in place of
   ``budget``. The entry expands, in place, into one action per budget named ``<name>@<budget>``
-  (``snapkv-sweep@0.25``; a valid name whenever ``<name>`` is, ``kvdiverge.pipeline.names``),
+  (``snapkv-sweep@0.25``; a valid name whenever ``<name>`` is, :mod:`kvdiverge.config.names`),
   each the entry with that ``budget`` (and the label ``<label>@<budget>`` when the entry has a
   label); a study's ``actions`` and ``groups`` that name the sweep name all its actions there,
   in budget order. An expanded config holds no sweep, so expanding again changes nothing.
@@ -29,6 +32,19 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kvdiverge.config.errors import ConfigError
+from kvdiverge.eviction import (
+    DISPLAY_KEYS,
+    ActionError,
+    ActionSpec,
+    check_action,
+    is_decoding,
+    is_transform,
+    keeps_everything,
+    parse_action,
+    selector_entry,
+)
+
 __all__ = [
     "DISPLAY_KEYS",
     "MAX_LABEL",
@@ -36,20 +52,61 @@ __all__ = [
     "actions_problem",
     "budget_sweeps",
     "budget_text",
+    "check_budgets",
+    "configured_actions",
     "selector_entry",
 ]
 
 MAX_LABEL = 40
 """The longest label (characters)."""
-DISPLAY_KEYS = ("label",)
-"""Keys of an action entry that are no selector parameter."""
 _BUDGETS = "a non-empty list of distinct budgets (fractions in (0, 1] or token counts >= 1)"
 
 
-def selector_entry(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The action entry without its display keys: what ``kvdiverge.eviction.parse_action``
-    reads (selector, budget and the selector's parameters)."""
-    return {k: v for k, v in spec.items() if k not in DISPLAY_KEYS}
+def configured_actions(config: Mapping[str, Any]) -> dict[str, ActionSpec]:
+    """Every configured action parsed (its entry without the display keys,
+    :func:`~kvdiverge.eviction.selector_entry`), by name, in config order; a bad entry is one
+    :class:`~kvdiverge.config.errors.ConfigError` line ``config.actions.<name>...``."""
+    out = {}
+    for name, spec in config.get("actions", {}).items():
+        try:
+            out[name] = parse_action(selector_entry(spec), name=name)  # no label
+        except ActionError as exc:
+            raise ConfigError(f"config.{exc}".replace("\n", " ")) from exc
+    return out
+
+
+def check_budgets(config: Mapping[str, Any], actions: Mapping[str, ActionSpec]) -> None:
+    """Every action a study runs, at every stratum's longest prompt (target_tokens −
+    generation_reserve under the length tokenizer): it evicts something, keeps at least one
+    entry, and leaves room for what its selector always keeps (window, sinks); one
+    :class:`~kvdiverge.config.errors.ConfigError` line naming the action and the stratum."""
+    datasets = config.get("datasets", {})
+    reserve = datasets.get("generation_reserve", 128)
+    used = dict.fromkeys(a for s in config.get("studies", {}).values() for a in s["actions"])
+    for name in used:
+        action = actions[name]
+        if keeps_everything(action) or is_transform(action) or is_decoding(action):
+            continue  # no kept count to check
+        for stratum in datasets.get("strata", []):
+            label = f"{stratum['env']}-{stratum['label']}"
+            n = stratum["target_tokens"] - reserve
+            where = (
+                f"config.actions.{name}: in stratum {label} (prompts of at most {n} tokens: "
+                f"target_tokens {stratum['target_tokens']} - generation_reserve {reserve})"
+            )
+            if n < 1:
+                continue  # DatasetsConfig names the stratum
+            try:
+                keep = action.n_keep(n)
+                if keep >= n:
+                    raise ConfigError(
+                        f"{where}: budget {action.budget!r} keeps every entry, so the action "
+                        "equals full retention there; lower the budget or lengthen the stratum"
+                    )
+                check_action(action, n, keep)
+            except ActionError as exc:
+                message = str(exc).split(": ", 1)[-1]
+                raise ConfigError(f"{where}: {message}") from exc
 
 
 def budget_text(budget: float | int) -> str:
