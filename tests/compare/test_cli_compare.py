@@ -239,3 +239,22 @@ def test_the_python_api_takes_records_and_data_frames():
     assert str(err.value) == "prompts, record 2, field 'answers': missing"
     with pytest.raises(CompareError, match="^prompts: expected a .jsonl or .parquet path, a list"):
         compare(MODEL, 42, "recent@0.5", H=4)
+
+
+def test_kvdiverge_compare_exits_2_with_the_line_and_writes_nothing(tmp_path, capsys):
+    """The selector's one line (tests/eviction/test_user_selectors.py) reaches compare's user as
+    ``kvdiverge compare: <line>``, exit status 2, nothing written."""
+    prompts = tmp_path / "mine.jsonl"
+    prompt = "The river flows north past the old mill. The magic number is 482913."
+    record = {"prompt": prompt + " What is the magic number?", "answers": ["482913"]}
+    prompts.write_text(json.dumps(record) + "\n")
+    out = tmp_path / "out"
+    actions = "mine=selector_helpers:Duplicates@0.5,recent@0.5"
+    argv = ["compare", "--model", str(MODEL), "--prompts", str(prompts), "--actions", actions]
+    assert main([*argv, "--K", "1", "--H", "4", "--draws", "20", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(
+        "kvdiverge compare: action 'mine': selector 'selector_helpers:Duplicates': position 3 "
+        "more than once at layer 0, KV head 0; expected distinct positions, exactly "
+    ), err
+    assert not out.exists() or not any(out.iterdir())

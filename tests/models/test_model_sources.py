@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 from gguf_helpers import SPECIAL, write_tiny_gguf
+from refusal_helpers import one_line
 from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
@@ -378,3 +379,18 @@ def test_smollm2_from_its_package_answers_paris(smollm2_folder):
         gen = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=2)
     answer = tokenizer.decode(gen[0, ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+def test_a_truncated_gguf_stops_before_conversion(tmp_path):
+    whole = write_tiny_gguf(tmp_path / "tiny.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[:-5000])
+    out = tmp_path / "models" / "cut"
+    with pytest.raises(SourceError) as info:
+        materialize_model({"gguf": str(cut)}, out, where="config.models.cut.source")
+    message = one_line(info)
+    assert message.startswith(
+        f"config.models.cut.source.gguf: {cut} is not a whole GGUF file (cannot reshape array"
+    )
+    assert message.endswith(f"; {cut.stat().st_size} bytes): truncated or damaged, fetch it again")
+    assert not out.exists() and sorted(p.name for p in (tmp_path / "models").iterdir()) == []

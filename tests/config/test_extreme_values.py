@@ -1,4 +1,4 @@
-"""Reliability, round three, for extreme values: each refused at parse time (before any model
+"""Extreme values in a configuration: each refused at parse time (before any model
 loads) in one line naming the field the user wrote and the bound: a temperature of 1e-320
 (NaN kernels), K of 10**12 (a trajectory file's rows), rollout.H: 3 (the analysis clock, named
 by what the user wrote), kvpress window_size, kernel_size or lag_size of 0."""

@@ -1,4 +1,4 @@
-"""Reliability, round three: the "report skipped" line's command runs as written for paths with
+"""The "report skipped" line's command runs as written for paths with
 spaces and quotes (each path shell-quoted, kvdiverge.pipeline.report.skipped_report)."""
 
 from __future__ import annotations

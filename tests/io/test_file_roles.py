@@ -1,4 +1,4 @@
-"""Reliability, round three, for stored files out of their role: every trajectory, SWRB record
+"""Stored files out of their role (synthetic files): every trajectory, SWRB record
 and document-statistics file is checked against where it is read (its metadata names its own
 model, action and study; its documents their stratum and cohort), so two actions' files swapped
 under each other's names stop in one line; token ids lie in [0, vocab_size) of the model that
@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import polars as pl
 import pytest
+from refusal_helpers import one_line
 
 from kvdiverge.analysis.document_stats import (
     AnalysisInputError,
@@ -29,12 +30,6 @@ from kvdiverge.io.trajectories import (
 
 H, K = 4, 2
 DOCS = ["ruler-1024/study1/000", "ruler-1024/study1/001"]
-
-
-def one_line(info: pytest.ExceptionInfo) -> str:
-    message = str(info.value)
-    assert "\n" not in message, message
-    return message
 
 
 def frame(tokens_y: int = 7, docs=DOCS) -> pl.DataFrame:

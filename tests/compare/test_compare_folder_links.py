@@ -1,4 +1,4 @@
-"""Reliability, round three, for ``kvdiverge compare``'s output folder: every path ``--force``
+"""Symbolic links in ``kvdiverge compare``'s output folder: every path ``--force``
 removes (or compare writes) is resolved inside ``--out``, so a symbolic link inside it named in
 the manifest cannot lead to deleting outside; ``--out`` as a dangling link is refused before any
 work (kvdiverge.compare.folder)."""
@@ -8,15 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from refusal_helpers import one_line
 
 from kvdiverge.compare.actions import CompareError
 from kvdiverge.compare.folder import MANIFEST, check_out, claim_out
-
-
-def one_line(info: pytest.ExceptionInfo) -> str:
-    message = str(info.value)
-    assert "\n" not in message, message
-    return message
 
 
 def manifest(root, files):

@@ -1,8 +1,6 @@
-"""Reliability, round three, for the user's prompts and model folders: a misspelt field leaving
-a literal ``{context}`` is refused; JSON Lines split at ``\\n`` alone (a raw U+2028 or U+0085
-inside a JSON string is text); a chat template that raises or drops the user's text, a tokenizer
-with more ids than the embedding and an EOS id beyond the vocabulary are one line each, when the
-tokenizer loads (before any rollout)."""
+"""A model folder's tokenizer checked when it loads, before any rollout (kvdiverge.models.checks): a
+chat template that raises or drops the user's text, a tokenizer with more ids than the
+embedding and an EOS id beyond the vocabulary are one line each."""
 
 from __future__ import annotations
 
@@ -12,72 +10,18 @@ from pathlib import Path
 
 import pytest
 import transformers
+from refusal_helpers import one_line
 
-from kvdiverge.datasets import DatasetError
-from kvdiverge.datasets.custom import count_custom_records, read_custom_records
 from kvdiverge.models import chat_prompt_ids, load_tokenizer
 from kvdiverge.models.checks import ModelFolderError, check_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 MODEL = ROOT / "data" / "models" / "tiny-llama"
 
+
 transformers.utils.logging.disable_progress_bar()
-
-
-def one_line(info: pytest.ExceptionInfo) -> str:
-    message = str(info.value)
-    assert "\n" not in message, message
-    return message
-
-
-# ---- prompt records -----------------------------------------------------------------------------
-def test_a_misspelt_context_field_leaving_the_placeholder_is_refused(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    row = {"prompt": "Read {context} and answer.", "contxt": "The code is 7.", "answers": ["7"]}
-    path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(DatasetError) as info:
-        read_custom_records(path)
-    assert one_line(info) == (
-        f"{path}, line 1, field 'prompt': holds the placeholder {{context}} but the record has "
-        "no field 'context' (it has 'contxt'); expected a 'context' field to put there, or a "
-        "prompt without the placeholder"
-    )
-
-
-def test_a_placeholder_with_its_context_still_reads(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    row = {"prompt": "Read {context} and answer.", "context": "The code is 7.", "answers": ["7"]}
-    path.write_text(json.dumps(row) + "\n")
-    assert read_custom_records(path)[0].context == "The code is 7."
-
-
-@pytest.mark.parametrize("char", ["\u2028", "\u0085", "\u2029"])
-def test_raw_line_separators_inside_a_json_string_are_text(tmp_path, char):
-    """JSON allows these characters raw inside a string; str.splitlines would split there."""
-    path = tmp_path / "prompts.jsonl"
-    rows = [
-        {"prompt": f"First{char}prompt", "answers": ["a"]},
-        {"prompt": "Second prompt", "answers": ["b"]},
-    ]
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    assert char in text
-    path.write_text(text, encoding="utf-8")
-    records = read_custom_records(path)
-    assert [r.prompt for r in records] == [f"First{char}prompt", "Second prompt"]
-    assert [r.where for r in records] == [f"{path}, line 1", f"{path}, line 2"]
-    assert count_custom_records(path) == 2
-
-
-def test_crlf_lines_still_read(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    path.write_bytes(
-        b'{"prompt": "a", "answers": ["x"]}\r\n\r\n{"prompt": "b", "answers": "y"}\r\n'
-    )
-    records = read_custom_records(path)
-    assert [(r.prompt, r.where) for r in records] == [
-        ("a", f"{path}, line 1"),
-        ("b", f"{path}, line 3"),
-    ]
 
 
 # ---- model folders ------------------------------------------------------------------------------

@@ -1,37 +1,26 @@
-"""Stored files and the smaller cases of issue 27: each stops with one line before any work, or
-is shown to give the correct result.
-
-* Trajectory, SWRB record and documents files are verified when read (page checksums and the
-  SHA-256 digests they were written with, ``kvdiverge.io.parquet``): single-bit flips at a
-  seeded sample of positions of real files either raise one line naming the file or leave the
-  decoded table and metadata identical.
-* A trajectory file records the SHA-256 of its documents file; the analysis refuses another.
-* A model config whose vocab_size disagrees with its weights, a truncated GGUF, an empty
-  custom prompts file, a read-only output folder: one line each, nothing written. A doc_id
-  longer than a file name: the rollout runs. Figures: byte-identical PDFs on a rerun.
-"""
+"""Stored files are verified when read (kvdiverge.io.parquet: page checksums and the SHA-256
+digests they were written with): single-bit flips at a seeded sample of positions of real
+trajectory, SWRB record, documents and document-statistics files either raise one line naming
+the file or leave the decoded table and metadata identical; a file without digests is refused.
+A trajectory file records the SHA-256 of its documents file and the analysis refuses another;
+a job's damaged scratch unit is one line and rolled out again; a doc_id longer than a file name
+rolls out (its scratch folder takes a digest)."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-import yaml
+from refusal_helpers import one_line, tiny
 
 from kvdiverge.analysis.accuracy import accuracy_document_stats, metric_documents
 from kvdiverge.analysis.document_stats import AnalysisInputError, document_stats
-from kvdiverge.datasets import DatasetsConfig
-from kvdiverge.datasets.fitting import DatasetError
 from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
-from kvdiverge.engine.preflight import PreflightError, check_model_folder
 from kvdiverge.engine.swrb_job import run_swrb_job
 from kvdiverge.io import sha256_file
 from kvdiverge.io.documents import (
@@ -46,21 +35,20 @@ from kvdiverge.io.trajectories import (
     read_trajectories,
     read_trajectory_metadata,
 )
-from kvdiverge.models.sources import SourceError, materialize_model
-from kvdiverge.pipeline.folders import check_writable_folder
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
+
+
 MODEL = {"name": "tiny-llama", "path": str(ROOT / "data" / "models" / "tiny-llama")}
+
+
 ACTIONS = {"full": {"selector": "full"}, "recent-half": {"selector": "recent", "budget": 0.5}}
+
+
 COHORTS = {name: {"dev": 2} for name in ACTIONS}
-TINY = ROOT / "configs" / "tiny.yaml"
-
-
-def one_line(info: pytest.ExceptionInfo) -> str:
-    message = str(info.value)
-    assert "\n" not in message, message
-    return message
 
 
 def fixture_documents() -> pl.DataFrame:
@@ -245,7 +233,7 @@ def test_trajectory_files_record_their_documents_file(rolled_out):
 def _datasets_section() -> dict:
     from kvdiverge.config import check_config
 
-    cfg = yaml.safe_load(TINY.read_text())
+    cfg = tiny()
     check_config(cfg, ROOT / "workflow" / "schemas" / "config.schema.yaml")  # fills defaults
     return cfg["datasets"]
 
@@ -300,90 +288,6 @@ def test_a_trajectory_file_recording_no_documents_is_refused(rolled_out, tmp_pat
     )
 
 
-# ---- the smaller cases ----------------------------------------------------------------------
-def test_config_vocab_size_that_disagrees_with_the_weights(tmp_path):
-    folder = tmp_path / "model"
-    shutil.copytree(MODEL["path"], folder)
-    config = json.loads((folder / "config.json").read_text())
-    rows = config["vocab_size"]
-    check_model_folder(folder, "config.models.m.path")  # the demo model's own config passes
-    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": rows + 88}))
-    expected = (
-        f"{folder / 'config.json'} says vocab_size = {rows + 88}, but "
-        f"{folder / 'model.safetensors'} holds lm_head.weight with {rows} rows (one per "
-        "token): the config does not belong to these weights"
-    )
-    with pytest.raises(PreflightError) as info:
-        check_model_folder(folder, "config.models.m.path")
-    assert one_line(info) == f"config.models.m.path: {expected}"
-    # at the workflow's parse, for a model configured from a local folder
-    from config_helpers import tiny_with_extra_model
-
-    from kvdiverge.engine.preflight import check_configured_models
-
-    with pytest.raises(PreflightError) as info:
-        check_configured_models(tiny_with_extra_model(folder))
-    assert one_line(info) == f"config.models.extra.path: {expected}"
-
-
-def test_a_truncated_gguf_stops_before_conversion(tmp_path):
-    from gguf_helpers import write_tiny_gguf
-
-    whole = write_tiny_gguf(tmp_path / "tiny.gguf")
-    cut = tmp_path / "cut.gguf"
-    cut.write_bytes(whole.read_bytes()[:-5000])
-    out = tmp_path / "models" / "cut"
-    with pytest.raises(SourceError) as info:
-        materialize_model({"gguf": str(cut)}, out, where="config.models.cut.source")
-    message = one_line(info)
-    assert message.startswith(
-        f"config.models.cut.source.gguf: {cut} is not a whole GGUF file (cannot reshape array"
-    )
-    assert message.endswith(f"; {cut.stat().st_size} bytes): truncated or damaged, fetch it again")
-    assert not out.exists() and sorted(p.name for p in (tmp_path / "models").iterdir()) == []
-
-
-def _custom_config(path: Path) -> dict:
-    cfg = yaml.safe_load(TINY.read_text())
-    cfg["datasets"]["strata"].append(
-        {"env": "custom", "label": "own", "target_tokens": 1024, "path": str(path)}
-    )
-    return cfg
-
-
-@pytest.mark.slow
-def test_an_empty_custom_prompts_file_stops_the_parse(tmp_path):
-    from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
-
-    empty = tmp_path / "own.jsonl"
-    empty.write_text("\n\n")
-    cfg = _custom_config(empty)
-    n = len(cfg["datasets"]["strata"]) - 1
-    expected = (
-        f"config.datasets.strata[{n}].path: {empty} holds no records (expected one JSON object "
-        "per line, or one Parquet row, per prompt)"
-    )
-    from kvdiverge.config import check_config
-
-    check_config(cfg, ROOT / "workflow" / "schemas" / "config.schema.yaml")
-    with pytest.raises(DatasetError) as info:
-        DatasetsConfig.from_config(cfg["datasets"])
-    assert one_line(info) == expected
-    few = tmp_path / "few.jsonl"
-    few.write_text(json.dumps({"prompt": "p", "answers": ["a"]}) + "\n")
-    with pytest.raises(DatasetError) as info:
-        DatasetsConfig.from_config(_custom_config(few)["datasets"])
-    assert one_line(info).startswith(
-        f"config.datasets.strata[{n}].path: stratum custom-own: the plan needs "
-    )
-    work = workflow_copy(tmp_path)
-    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
-    res = run_snakemake(work, "-n")
-    assert res.returncode != 0 and expected in (res.stdout + res.stderr).splitlines()
-    assert planned_jobs(res) == {}  # the dry run plans nothing
-    assert not (work / "results").exists()
-
-
 @pytest.mark.slow
 def test_a_doc_id_longer_than_a_file_name_rolls_out(tmp_path):
     """Its scratch folder (the one place a doc_id reaches a file name) takes a digest instead,
@@ -404,76 +308,6 @@ def test_a_doc_id_longer_than_a_file_name_rolls_out(tmp_path):
     written = read_trajectories(out["recent-half"])
     assert long_id in set(written["doc_id"]) and written["doc_id"].n_unique() == 2
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["recent-half.parquet"]
-
-
-def test_figures_are_byte_identical_on_a_rerun(tmp_path):
-    import matplotlib.pyplot as plt
-
-    from kvdiverge.plots.base import save_figure
-
-    def figure():
-        fig, ax = plt.subplots(figsize=(3, 2))
-        ax.plot([0, 1, 2], [0, 1, 4], label="a")
-        ax.set_title("rerun")
-        return fig
-
-    save_figure(figure(), tmp_path / "a.png", tmp_path / "a.pdf")
-    plain = figure()
-    plain.savefig(tmp_path / "plain-a.pdf")
-    time.sleep(1.1)  # PDF dates have one-second resolution
-    save_figure(figure(), tmp_path / "b.png", tmp_path / "b.pdf")
-    plain.savefig(tmp_path / "plain-b.pdf")
-    plt.close(plain)
-    assert (tmp_path / "a.pdf").read_bytes() == (tmp_path / "b.pdf").read_bytes()
-    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
-    # what the metadata changes: matplotlib's default stamps each PDF with its creation date
-    assert b"/CreationDate" not in (tmp_path / "a.pdf").read_bytes()
-    assert (tmp_path / "plain-a.pdf").read_bytes() != (tmp_path / "plain-b.pdf").read_bytes()
-
-
-@pytest.fixture
-def read_only_folder(tmp_path):
-    """A folder this process cannot write: mode 0555, and for root (whom modes do not stop)
-    the immutable attribute."""
-    folder = tmp_path / "archived"
-    folder.mkdir()
-    (folder / "kept.txt").write_text("an earlier result\n")
-    immutable = os.geteuid() == 0
-    if immutable:
-        done = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.skip(f"root cannot make a folder read-only here: {done.stderr.strip()}")
-    else:
-        folder.chmod(0o555)
-    yield folder
-    if immutable:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
-    folder.chmod(0o755)
-
-
-@pytest.mark.slow
-def test_a_read_only_output_folder_stops_the_run_before_its_first_job(read_only_folder, tmp_path):
-    from workflow_helpers import run_snakemake, workflow_copy
-
-    target = read_only_folder / "results"
-    with pytest.raises(ValueError) as info:
-        check_writable_folder(target, "config.output_dir")
-    reason = "Operation not permitted" if os.geteuid() == 0 else "Permission denied"
-    expected = (
-        f"config.output_dir: {target} (its nearest existing parent {read_only_folder}) is not "
-        f"writable ({reason}); make it writable or choose another output_dir"
-    )
-    assert one_line(info) == expected
-    work = workflow_copy(tmp_path)
-    cfg = yaml.safe_load(TINY.read_text())
-    cfg["output_dir"] = str(target)
-    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
-    assert run_snakemake(work, "-n").returncode == 0  # a dry run writes nothing there
-    res = run_snakemake(work)
-    text = res.stdout + res.stderr
-    assert res.returncode != 0 and expected in text.splitlines()
-    assert "Traceback" not in text
-    assert [p.name for p in read_only_folder.iterdir()] == ["kept.txt"]  # nothing written
 
 
 def test_the_table_digest_is_of_the_decoded_values():
