@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 from kvdiverge.config import ConfigError, check_config
-from kvdiverge.eviction import parse_action
 from kvdiverge.config.actions import (
     action_labels,
     actions_problem,
     budget_sweeps,
     selector_entry,
 )
+from kvdiverge.eviction import parse_action
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
