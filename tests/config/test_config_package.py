@@ -34,15 +34,15 @@ def test_the_package_has_its_modules():
     assert _modules() == [
         "actions",
         "baselines",
-        "checks",
-        "decoding",
         "errors",
         "horizon",
-        "loading",
         "models",
         "names",
+        "parse_checks",
+        "reading",
         "schema",
         "studies",
+        "temperature",
     ]
 
 

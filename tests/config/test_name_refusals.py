@@ -1,4 +1,4 @@
-"""Names and templated config files (kvdiverge.config.names, kvdiverge.config.loading), as a user
+"""Names and templated config files (kvdiverge.config.names, kvdiverge.config.reading), as a user
 writes them.
 
 Names of models, actions, studies, rollout groups and strata follow one pattern: checked at
@@ -15,8 +15,8 @@ from refusal_helpers import NAME_RULE, SCHEMA, one_line, tiny
 from workflow_helpers import ROOT
 
 from kvdiverge.config import ConfigError, check_config, load_schema
-from kvdiverge.config.loading import templated
 from kvdiverge.config.names import name_problem, wildcard_alternation
+from kvdiverge.config.reading import templated
 
 GOOD = ["smollm2+lora", "snapkv@0.5", "budget=0.25", "ruler-4k", "study_1", "Qwen2.5-0.5B", "x"]
 

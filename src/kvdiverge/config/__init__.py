@@ -7,7 +7,7 @@ here; everything is checked once at parse time (:func:`check_config`), one
 Modules, one concept each:
 
 * ``errors`` — :class:`ConfigError`.
-* ``loading`` — config files read strictly (duplicate keys, YAML 1.1 booleans and integers
+* ``reading`` — config files read strictly (duplicate keys, YAML 1.1 booleans and integers
   refused; :func:`load_yaml_strict`, :func:`load_schema`) and as data (YTE templating refused:
   :func:`templated`).
 * ``schema`` — kinds and ranges against ``workflow/schemas/config.schema.yaml``, defaults
@@ -18,13 +18,13 @@ Modules, one concept each:
 * ``actions`` — the action entries parsed (:func:`configured_actions`), their budgets against
   the strata, display labels and budget sweeps (:func:`action_labels`,
   :func:`budget_sweeps`).
-* ``decoding`` — the decoding temperature and what greedy decoding does to the replicates.
+* ``temperature`` — the decoding temperature and what greedy decoding does to the replicates.
 * ``studies`` — studies, their controls, rollout groups, cohorts and families; their contrasts
   (:func:`study_contrasts`) and every name pointing into them.
 * ``baselines`` — a study's baseline and the pairs set against it (:func:`baseline_pairs`).
 * ``horizon`` — what ``rollout.H`` implies: the generation reserve, the analysis clock, the
   family estimands.
-* ``checks`` — every check in order: :func:`check_config`, :func:`check_references`.
+* ``parse_checks`` — every check in order: :func:`check_config`, :func:`check_references`.
 
 Two pieces stay below this layer because lower layers read them, and are re-exported here: a
 study's rollout groups (:mod:`kvdiverge.analysis.groups`, read by the study's lock) and an
@@ -48,17 +48,8 @@ from kvdiverge.config.actions import (
     selector_entry,
 )
 from kvdiverge.config.baselines import baseline_contrasts, baseline_pairs, baseline_problem
-from kvdiverge.config.checks import check_config, check_references
-from kvdiverge.config.decoding import decoding_problem, greedy_replicates, rollout_temperature
 from kvdiverge.config.errors import ConfigError
 from kvdiverge.config.horizon import check_clock, check_family_estimands, check_generation_reserve
-from kvdiverge.config.loading import (
-    TEMPLATING_KEY,
-    TEMPLATING_REFUSED,
-    load_schema,
-    load_yaml_strict,
-    templated,
-)
 from kvdiverge.config.models import BUILT_MODELS, check_length_tokenizer, check_models, model_path
 from kvdiverge.config.names import (
     NAME_PATTERN,
@@ -66,6 +57,14 @@ from kvdiverge.config.names import (
     config_name_problem,
     name_problem,
     wildcard_alternation,
+)
+from kvdiverge.config.parse_checks import check_config, check_references
+from kvdiverge.config.reading import (
+    TEMPLATING_KEY,
+    TEMPLATING_REFUSED,
+    load_schema,
+    load_yaml_strict,
+    templated,
 )
 from kvdiverge.config.schema import validate_config
 from kvdiverge.config.studies import (
@@ -76,6 +75,7 @@ from kvdiverge.config.studies import (
     compared_actions,
     study_contrasts,
 )
+from kvdiverge.config.temperature import decoding_problem, greedy_replicates, rollout_temperature
 
 __all__ = [
     "BUILT_MODELS",

@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 
 from kvdiverge.config.errors import ConfigError
-from kvdiverge.config.loading import load_schema
+from kvdiverge.config.reading import load_schema
 
 __all__ = ["validate_config"]
 

@@ -3,7 +3,7 @@ runs :func:`check_config` once, before any job; ``docs/configuration.md``, "Read
 checking"). Each check raises :class:`~kvdiverge.config.errors.ConfigError` with one line:
 
 1. the YAML files the config was read from: none a YTE template, each read strictly
-   (:mod:`kvdiverge.config.loading`);
+   (:mod:`kvdiverge.config.reading`);
 2. every name (models, actions, studies, rollout groups, strata; :mod:`kvdiverge.config.names`):
    names become paths, so they are checked before anything else;
 3. every value's kind and range against the schema, defaults filled in place
@@ -11,14 +11,14 @@ checking"). Each check raises :class:`~kvdiverge.config.errors.ConfigError` with
 4. the cross-references (:func:`check_references`): the generation reserve against H; the
    actions' budget sweeps expanded in place and their labels, the decoding temperature, the
    studies' baselines and bootstrap draws (:mod:`kvdiverge.config.actions`,
-   :mod:`kvdiverge.config.decoding`, :mod:`kvdiverge.config.baselines`); extreme values
+   :mod:`kvdiverge.config.temperature`, :mod:`kvdiverge.config.baselines`); extreme values
    (:mod:`kvdiverge.pipeline.extremes`); the finite-state study's EOS token and figure
    systems; the models (:mod:`kvdiverge.config.models`); the actions parsed; the studies, their
    rollout groups and contrasts (:mod:`kvdiverge.config.studies`); the length tokenizer; the
    analysis clock and the family estimands at H (:mod:`kvdiverge.config.horizon`); the
    actions' budgets against the strata's prompt lengths;
 5. at ``rollout.temperature`` 0, K = K_dev = K_control = 1 in place, one note per study that
-   asked for more (:func:`~kvdiverge.config.decoding.greedy_replicates`).
+   asked for more (:func:`~kvdiverge.config.temperature.greedy_replicates`).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from typing import Any
 from kvdiverge.analysis.bootstrap import bootstrap_draws_problem
 from kvdiverge.config.actions import actions_problem, check_budgets, configured_actions
 from kvdiverge.config.baselines import baseline_problem
-from kvdiverge.config.decoding import decoding_problem, greedy_replicates
 from kvdiverge.config.errors import ConfigError
 from kvdiverge.config.horizon import check_clock, check_family_estimands, check_generation_reserve
-from kvdiverge.config.loading import TEMPLATING_REFUSED, load_yaml_strict, templated
 from kvdiverge.config.models import check_length_tokenizer, check_models
 from kvdiverge.config.names import config_name_problem
+from kvdiverge.config.reading import TEMPLATING_REFUSED, load_yaml_strict, templated
 from kvdiverge.config.schema import validate_config
 from kvdiverge.config.studies import check_analysis_references, check_studies, check_swrb_groups
+from kvdiverge.config.temperature import decoding_problem, greedy_replicates
 from kvdiverge.pipeline.extremes import extremes_problem
 
 __all__ = ["check_config", "check_references"]
@@ -86,7 +86,7 @@ def check_config(
     the YAML ``files`` it was read from, the names, the values against ``schema`` (defaults
     filled in place), the cross-references. Raises
     :class:`~kvdiverge.config.errors.ConfigError` in one line. Returns the notes of
-    :func:`~kvdiverge.config.decoding.greedy_replicates` (K = 1 at temperature 0, in place)."""
+    :func:`~kvdiverge.config.temperature.greedy_replicates` (K = 1 at temperature 0, in place)."""
     for path in files:
         if templated(path):  # Snakemake has evaluated it already (docs/configuration.md)
             raise ConfigError(f"{path}: {TEMPLATING_REFUSED}")
