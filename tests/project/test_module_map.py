@@ -1,12 +1,14 @@
 """The docs and the package agree: `docs/architecture.md`'s module map ("## Modules") names every
 module of the package and no module that is not there; every qualified name the architecture
-cites (``kvdiverge.x.y.name``) exists where it says; every subpackage's ``__init__`` docstring
-names its modules; no code comment or docstring under ``src/`` carries an issue
-number."""
+cites (``kvdiverge.x.y.name``) exists where it says; every package's ``__init__`` docstring
+names its modules, at every depth, and its ``__all__`` holds only names it has; a module name
+used in two packages is named by each namesake's docstring; no code comment or docstring
+under ``src/`` carries an issue number."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -110,12 +112,31 @@ def test_every_qualified_name_the_architecture_cites_exists():
     assert not wrong, f"docs/architecture.md cites names that are not there: {wrong}"
 
 
-@pytest.mark.parametrize("package", subpackages())
-def test_each_subpackage_init_covers_its_modules(package):
-    """The ``__init__`` docstring names every module (and subpackage) of the subpackage."""
+def packages() -> list[str]:
+    """Every package of ``kvdiverge`` below the top, at any depth (``engine/kernels`` too), as a
+    path relative to the package folder."""
+    return sorted(
+        str(p.parent.relative_to(PACKAGE_DIR)) for p in PACKAGE_DIR.rglob("*/__init__.py")
+    )
+
+
+def _init_all(init: Path) -> list[str] | None:
+    """The literal ``__all__`` of a package's ``__init__``, or None where it has none."""
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+@pytest.mark.parametrize("package", packages())
+def test_every_package_init_names_its_modules_and_exports_what_it_has(package):
+    """At every depth, the ``__init__`` docstring names each module and subpackage (the
+    convention's list), and every name of its ``__all__`` (where it has one) is there once and
+    importable from it."""
     init = PACKAGE_DIR / package / "__init__.py"
-    tree = ast.parse(init.read_text(encoding="utf-8"))
-    doc = ast.get_docstring(tree) or ""
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
     members = sorted(
         p.stem if p.name != "__init__.py" else p.parent.name
         for p in (PACKAGE_DIR / package).iterdir()
@@ -123,6 +144,35 @@ def test_each_subpackage_init_covers_its_modules(package):
     )
     missing = [m for m in members if not re.search(rf"\b{m}\b", doc)]
     assert not missing, f"{package}/__init__ docstring does not name {missing}"
+    exported = _init_all(init)
+    if exported is not None:
+        assert len(exported) == len(set(exported)), f"{package}: __all__ repeats a name"
+        module = importlib.import_module("kvdiverge." + package.replace("/", "."))
+        absent = [n for n in exported if not hasattr(module, n)]
+        assert not absent, f"{package}/__init__ lists {absent} in __all__ but has no such name"
+
+
+def namesakes() -> dict[str, list[str]]:
+    """Module basenames used by two packages or more → the modules' dotted names."""
+    by_name: dict[str, list[str]] = {}
+    for name in package_modules():
+        path = package_modules()[name]
+        if path.name != "__init__.py":
+            by_name.setdefault(name.rsplit(".", 1)[1], []).append(name)
+    return {stem: names for stem, names in by_name.items() if len(names) > 1}
+
+
+@pytest.mark.parametrize("stem", sorted(namesakes()))
+def test_namesakes_name_each_other(stem):
+    """A module name used in two layers (``accuracy`` in analysis, tables and plots) is kept
+    only qualified by its package, and each module's docstring names its namesakes by their
+    qualified names (saying how they differ), so a reader of one finds the others."""
+    modules = package_modules()
+    names = namesakes()[stem]
+    for name in names:
+        doc = ast.get_docstring(ast.parse(modules[name].read_text(encoding="utf-8"))) or ""
+        unnamed = [other for other in names if other != name and other not in doc]
+        assert not unnamed, f"{name}'s docstring does not name its namesakes {unnamed}"
 
 
 ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", flags=re.I)

@@ -33,6 +33,10 @@ Two caveats go with every table of these numbers (:data:`ACCURACY_CAVEATS`): the
 answers), and τ depends on the coupling as well as on P and Q (another coupling of the same
 kernels gives other divergence times), so accuracy by divergence timing describes an
 association under this coupling, not what earlier divergence causes.
+
+Namesakes by layer: this module computes the accuracy estimands;
+:mod:`kvdiverge.tables.accuracy` formats them as Table A and :mod:`kvdiverge.plots.accuracy`
+draws them (figure A).
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ label or parameter value (``+tag=/../../x``) reaches a path unescaped.
 ``@<N>bit`` sets a prompt transformation's ``bits`` in place of a budget:
 ``quantize@4bit+group_size=32+residual=128`` is KIVI's quantized prompt cache at 4 bits
 (``docs/compression.md``).
+
+Namesake: :mod:`kvdiverge.config.actions` reads a config file's ``actions`` entries for the
+pipeline; this module reads the command line's items.
 """
 
 from __future__ import annotations

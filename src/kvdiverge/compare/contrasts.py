@@ -4,6 +4,9 @@ intervals, as a table, a figure and plain sentences.
 The table and the sentences are :mod:`kvdiverge.tables.contrasts`'s (the pipeline's rule
 study_contrasts writes the same for a study's ``baseline``); this module draws the contrast
 figure and writes the compare folder's files.
+
+Namesakes by layer: :mod:`kvdiverge.plots.contrasts` draws a study's figures 6 and 7 (branch
+endpoints, gap decompositions), not these contrasts.
 """
 
 from __future__ import annotations

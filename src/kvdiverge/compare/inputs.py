@@ -4,6 +4,9 @@ JSONL is one line at once), then, once the model's tokenizer is at hand, the pro
 ``custom`` stratum's documents and every action against every prompt's length (a token budget
 above a prompt's length is refused, as the pipeline refuses it; a prompt too short for a
 selector's window gets the fix suggested).
+
+Namesake: :mod:`kvdiverge.tables.inputs` reads a study's analysis outputs (``estimands.csv``,
+``prediction.csv``) for the tables; this module checks what a comparison is given.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Actions are ``[LABEL=]SELECTOR[@BUDGET][+KEY=VALUE]...`` items
 parameters of a config's action entry (:func:`kvdiverge.eviction.parse_action`); the label (the
 spec text when none is given) is the action's name in every table and figure, escaped in file
 names.
+
+Namesake: :mod:`kvdiverge.eviction.run` runs one prompt's prefill and an action's selection, a
+step of this run.
 """
 
 from __future__ import annotations

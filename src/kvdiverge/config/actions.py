@@ -24,6 +24,9 @@ check).
 :func:`budget_sweeps` finds, among a study's compared actions, every method (the selector and
 its parameters, budget aside) run at two budgets or more, for the study's sweep figure
 (:mod:`kvdiverge.plots.sweep`), whether the actions came from a sweep or were written one by one.
+
+Namesake: :mod:`kvdiverge.compare.actions` reads ``kvdiverge compare``'s command-line action
+items (``[LABEL=]SELECTOR[@BUDGET]...``); this module reads a config file's ``actions`` entries.
 """
 
 from __future__ import annotations

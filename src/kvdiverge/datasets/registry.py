@@ -7,6 +7,8 @@ stratum's documents and says which task metric scores them (:mod:`kvdiverge.data
 built-in ones are ``ruler`` (:mod:`kvdiverge.datasets.ruler_env`), ``helmet``
 (:mod:`kvdiverge.datasets.helmet_env`) and ``custom`` (:mod:`kvdiverge.datasets.custom`); a new
 source is one such module plus its fixture, imported by the package's ``__init__``.
+
+Namesake: :mod:`kvdiverge.engine.kernels.registry` registers attention kernels, not datasets.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Running eviction on a prompt: the prefill (:func:`run_prefill`) and the positions an action
-keeps of it, per layer and KV head (:func:`select_positions`)."""
+keeps of it, per layer and KV head (:func:`select_positions`).
+
+Namesake: :mod:`kvdiverge.compare.run` runs a whole ``kvdiverge compare`` study; this module
+runs one prompt's prefill and selections.
+"""
 
 from __future__ import annotations
 

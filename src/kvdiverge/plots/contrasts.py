@@ -1,6 +1,11 @@
 """Figures 6 and 7 of a study: the branch endpoints with their intervals, and the gap
 decompositions (occurrence, exposure and rate terms) per action (:mod:`kvdiverge.plots.study`
-draws the rest and writes them all)."""
+draws the rest and writes them all).
+
+Namesakes by layer: :mod:`kvdiverge.tables.contrasts` tabulates each action minus a baseline,
+and :mod:`kvdiverge.compare.contrasts` draws that for ``kvdiverge compare``; this module draws a
+study's branch endpoints and gap decompositions.
+"""
 
 from __future__ import annotations
 

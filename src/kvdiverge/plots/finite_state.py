@@ -1,6 +1,9 @@
 """Figures of the finite-state study: the estimators (paper figure 4) and the identified
 interval (paper figure 2), in the house style of :mod:`kvdiverge.plots.base` at the text
-width."""
+width.
+
+Namesake: :mod:`kvdiverge.theory.finite_state` computes what these figures show.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Table A: task accuracy beside divergence, per model and action (docs/analysis.md,
-"Task accuracy")."""
+"Task accuracy").
+
+Namesakes by layer: :mod:`kvdiverge.analysis.accuracy` computes the accuracy estimands this
+module formats; :mod:`kvdiverge.plots.accuracy` draws them.
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,9 @@ drawn here under the very bootstrap weights the estimands table uses (documents 
 stratum and doc_id, :func:`kvdiverge.analysis.bootstrap.stratified_bootstrap_weights` with the
 same seed and draws), so every interval of a row of ``contrasts.csv`` comes from the same
 resampled documents.
+
+Namesakes by layer: :mod:`kvdiverge.plots.contrasts` draws a study's figures 6 and 7 (branch
+endpoints, gap decompositions), not these contrasts.
 """
 
 from __future__ import annotations

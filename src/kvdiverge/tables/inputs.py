@@ -1,6 +1,10 @@
 """Reading and checking the analysis outputs the tables and figures draw from: the long
 estimands table (``estimands.csv``) and the prediction table (``prediction.csv``), and the
-strata, contrasts, actions and models they hold."""
+strata, contrasts, actions and models they hold.
+
+Namesake: :mod:`kvdiverge.compare.inputs` checks ``kvdiverge compare``'s own inputs (numbers,
+prompts, actions) before a run; this module reads a study's analysis outputs after one.
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ so P_t(·|X_<t) = P[x_t] and Q_t(·|Y_<t) = Q[y_t], where x_t (y_t) is the state
 chain X and the intervention chain Y each carry their own state. EOS is absorbing ("End of
 sequence"): emitting the ``eos`` token moves a chain to a state whose kernels are the point mass
 on EOS and which EOS maps to itself.
+
+Namesake: :mod:`kvdiverge.plots.finite_state` draws the finite-state study's figures from what
+this module computes.
 """
 
 from __future__ import annotations

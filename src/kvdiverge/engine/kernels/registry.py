@@ -25,6 +25,8 @@ candidate of every layout and needs no validation (it is the oracle).
 
 :func:`kernel_choices` says which kernel each layout used in this process so far; it is recorded
 in every trajectory file's metadata.
+
+Namesake: :mod:`kvdiverge.datasets.registry` registers dataset environments, not kernels.
 """
 
 from __future__ import annotations
