@@ -295,7 +295,6 @@ def test_a_prefill_without_the_action_is_a_clear_error(demo):
 @pytest.mark.parametrize(
     "press",
     [
-        "DecodingPress",
         "CompressionRatioDecodingPress",
         "PrefillDecodingPress",
         "MergingPress",
@@ -335,7 +334,7 @@ def test_kvpress_action_errors_are_one_line(monkeypatch):
         with pytest.raises(ActionError) as info:
             parse_action({"selector": "kvpress", "budget": 0.5, **spec}, name="x")
         assert "\n" not in str(info.value) and str(info.value).startswith(message), info.value
-    assert set(REFUSED) >= {"DecodingPress", "MergingPress", "ThinKPress", "KVzipPress"}
+    assert set(REFUSED) >= {"PrefillDecodingPress", "MergingPress", "ThinKPress", "KVzipPress"}
     monkeypatch.setitem(sys.modules, "kvpress", None)  # kvpress not installed
     with pytest.raises(ActionError, match=r"needs kvpress \(pip install -e '\.\[kvpress\]'\)"):
         parse_action({"selector": "kvpress", "press": "KnormPress", "budget": 0.5}, name="x")

@@ -1,6 +1,7 @@
 """docs/compression.md's kvpress table lists every press class the installed kvpress exports,
 with the status the bridge gives it (kvdiverge.eviction.kvpress_status), and claims a test
-against kvpress's own output only for presses tests/eviction/test_kvpress_bridge.py runs."""
+against kvpress's own output only for presses tests/eviction/test_kvpress_bridge.py or
+tests/eviction/test_kvpress_decoding.py runs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from kvdiverge.eviction.kvpress_status import exported_presses, press_status  # 
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "compression.md"
-BRIDGE_TESTS = ROOT / "tests" / "eviction" / "test_kvpress_bridge.py"
+BRIDGE_TESTS = [
+    ROOT / "tests" / "eviction" / f"test_kvpress_{n}.py" for n in ("bridge", "decoding")
+]
 
 
 def _table() -> dict[str, list[str]]:
@@ -37,7 +40,7 @@ def test_every_exported_press_is_listed_once_with_its_status():
     assert len(exported) == 44  # kvpress 0.5.5: 44 presses besides BasePress and ScorerPress
     assert version("kvpress") == "0.5.5"
     assert sorted(table) == exported
-    tests = BRIDGE_TESTS.read_text()
+    tests = "".join(path.read_text() for path in BRIDGE_TESTS)
     for name, (status, why, tested) in table.items():
         assert (status, why) == press_status(name), name
         if status == "refused":

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvdiverge.eviction.budgets import ActionError
 from kvdiverge.eviction.contract import check_scores
+from kvdiverge.eviction.kvpress_decoding import check_base_press, decoding_kept, decoding_schedule
 from kvdiverge.eviction.selectors import ScoredSelector, _check_budget_field, register_selector
 
 if TYPE_CHECKING:
@@ -53,7 +54,14 @@ if TYPE_CHECKING:  # torch is imported where it runs: parsing a config does not 
 
 __all__ = ["KvpressSelector", "REFUSED", "attention_probabilities"]
 
-_DECODING = "compresses the cache during decoding, not once after the prefill"
+_PREFILL_DECODING = (
+    "a prefill press and a DecodingPress in one; its prefill press keeps kvpress's own "
+    "int(n·(1 − ratio)) entries, not an action's budget (not yet bridged: DecodingPress alone is)"
+)
+_RATIO_DECODING = (
+    "sets its target size at each step from the tokens seen so far (not yet bridged: "
+    "DecodingPress with a fixed target_size is)"
+)
 _RECONSTRUCTS = (
     "scores entries by reconstructing the context with forward passes of its own, not inside "
     "one prefill"
@@ -62,8 +70,11 @@ _NOT_YET = "not yet bridged"
 
 # kvpress press classes (and their subclasses) that the bridge refuses, with the reason.
 REFUSED: dict[str, str] = {
-    "DecodingPress": _DECODING,
-    "PrefillDecodingPress": _DECODING,
+    "CompressionRatioDecodingPress": _RATIO_DECODING,
+    "CAMPress": "merges evicted entries' values into kept neighbours during decoding (a random "
+    "merge mask from the attention), so the cache is not a subset of the entries "
+    f"({_NOT_YET})",
+    "PrefillDecodingPress": _PREFILL_DECODING,
     "MergingPress": "merges evicted entries into kept ones, so the cache is not a subset of the "
     "prompt's entries",
     "KVzipPress": _RECONSTRUCTS,
@@ -85,7 +96,7 @@ REFUSED: dict[str, str] = {
     "CriticalAdaKVPress": f"head-wise two-stage allocation ({_NOT_YET})",
 }
 
-_SCORED, _PYRAMID, _ADAKV = "scored", "pyramid", "adakv"
+_SCORED, _PYRAMID, _ADAKV, _DECODE = "scored", "pyramid", "adakv", "decoding"
 
 
 def _kvpress(where: str) -> Any:
@@ -100,11 +111,19 @@ def _kvpress(where: str) -> Any:
 
 def _press_kind(cls: type, where: str) -> str:
     """How the bridge runs a press class, or a one-line refusal saying why it cannot."""
-    from kvpress import AdaKVPress, PyramidKVPress, ScorerPress
+    from kvpress import AdaKVPress, DecodingPress, PyramidKVPress, ScorerPress
 
     for base in cls.__mro__:
         if base.__name__ in REFUSED and base.__module__.startswith("kvpress"):
             raise ActionError(f"{where}: {cls.__name__} is refused: {REFUSED[base.__name__]}")
+    if issubclass(cls, DecodingPress):  # compression during decoding (kvpress_decoding)
+        own = ("compress", "forward_hook", "_resolve_target_size")
+        if all(getattr(cls, m) is getattr(DecodingPress, m) for m in own):
+            return _DECODE
+        raise ActionError(
+            f"{where}: {cls.__name__} is refused: it overrides DecodingPress's compression, so "
+            "it is not known to keep DecodingPress's entries"
+        )
     if issubclass(cls, PyramidKVPress):
         return _PYRAMID
     if issubclass(cls, AdaKVPress):
@@ -135,28 +154,42 @@ def _build_press(press: Any, press_kwargs: Any, where: str) -> tuple[Any, str]:
             f"{where}.press_kwargs.compression_ratio: the action's budget sets the kept count; "
             "remove compression_ratio"
         )
-    if "press" in kwargs:  # a wrapper's inner press: a name or {press: NAME, press_kwargs: {}}
-        inner = kwargs["press"]
-        inner_where = f"{where}.press_kwargs.press"
-        if isinstance(inner, Mapping):
-            extra = sorted(set(inner) - {"press", "press_kwargs"})
-            if extra:
-                raise ActionError(f"{inner_where}.{extra[0]}: expected press and press_kwargs")
-            inner_press, inner_kind = _build_press(
-                inner.get("press"), inner.get("press_kwargs", {}), inner_where
-            )
-        else:
-            inner_press, inner_kind = _build_press(inner, {}, inner_where)
-        if inner_kind == _ADAKV:
-            raise ActionError(f"{inner_where}: expected a ScorerPress, got AdaKVPress")
-        kwargs["press"] = inner_press
+    for key in ("press", "base_press"):  # a wrapper's inner press
+        if key in kwargs:
+            kwargs[key] = _inner_press(kwargs[key], f"{where}.press_kwargs.{key}")
     try:
         built = cls(**kwargs)
     except (TypeError, ValueError, AssertionError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ActionError(f"{where}.press_kwargs: {cls.__name__}: {reason}") from exc
     _check_press_sizes(built, where)
+    if kind == _DECODE:
+        check_base_press(built, where)
     return built, kind
+
+
+def _decoding_class(press: Any, where: str) -> bool:
+    """Whether ``press`` names a kvpress DecodingPress class (or a subclass)."""
+    kvpress = _kvpress(f"{where}.press")
+    cls = getattr(kvpress, press, None) if isinstance(press, str) and press else None
+    return isinstance(cls, type) and issubclass(cls, kvpress.DecodingPress)
+
+
+def _inner_press(inner: Any, inner_where: str) -> Any:
+    """A wrapper's inner press, a name or ``{press: NAME, press_kwargs: {...}}``, built."""
+    if isinstance(inner, Mapping):
+        extra = sorted(set(inner) - {"press", "press_kwargs"})
+        if extra:
+            raise ActionError(f"{inner_where}.{extra[0]}: expected press and press_kwargs")
+        inner_press, inner_kind = _build_press(
+            inner.get("press"), inner.get("press_kwargs", {}), inner_where
+        )
+    else:
+        inner_press, inner_kind = _build_press(inner, {}, inner_where)
+    if inner_kind in (_ADAKV, _DECODE):
+        name = type(inner_press).__name__
+        raise ActionError(f"{inner_where}: expected a ScorerPress, got {name}")
+    return inner_press
 
 
 SIZES = ("window_size", "kernel_size", "lag_size")
@@ -268,11 +301,37 @@ class KvpressSelector(ScoredSelector):
         """The kvpress press instance (built once)."""
         return self._built()[0]
 
+    @property
+    def decodes(self) -> bool:
+        """Whether the press compresses each row's cache during decoding (DecodingPress,
+        :mod:`kvdiverge.eviction.kvpress_decoding`), not once after the prefill."""
+        return self._built()[1] == _DECODE
+
     def validate(self, action: ActionSpec, where: str) -> None:
+        if action.budget is None and _decoding_class(self.press, where):
+            self._built(where)  # a DecodingPress sets its own sizes: its own lines, if any
+            return
         _check_budget_field(action, where)
         if not self.press:
             raise ActionError(f"{where}.press: required: the name of a kvpress press class")
-        self._built(where)
+        if self._built(where)[1] == _DECODE:
+            raise ActionError(
+                f"{where}.budget: {self.press} compresses each row's cache during decoding to "
+                "its target_size and takes no budget; omit budget (set press_kwargs.target_size "
+                "and compression_interval)"
+            )
+
+    def n_keep(self, action: ActionSpec, n: int) -> int:
+        """A DecodingPress keeps the whole prompt after the prefill."""
+        return n if self.decodes else super().n_keep(action, n)
+
+    def schedule(self, action: ActionSpec) -> tuple[int, int]:
+        """A DecodingPress's (interval, max_entries) (:func:`decoding_schedule`)."""
+        return decoding_schedule(self.press_object())
+
+    def compress(self, action, layer, keys, values, positions):
+        """A DecodingPress's kept entries of one row's layer cache (:func:`decoding_kept`)."""
+        return decoding_kept(self.press_object(), keys, values)
 
     def check(self, action: ActionSpec, n: int, n_keep: int) -> None:
         for press in _chain(self.press_object()):
