@@ -302,10 +302,10 @@ def parse_budgets(text: str | Sequence[float | int] | None) -> list[float | int]
     expected = "expected comma-separated budgets (fractions in (0, 1] or token counts >= 1)"
     if not items:
         raise CompareError(f"--budgets: {expected}, got {text!r}")
+    from kvdiverge.config import is_budget  # the config's `budgets` take the same values
+
     for b in items:
-        fraction = isinstance(b, float) and 0 < b <= 1
-        tokens = isinstance(b, int) and not isinstance(b, bool) and b >= 1
-        if not (fraction or tokens):
+        if not is_budget(b):
             raise CompareError(f"--budgets: {expected}, got {b!r}")
     kinds = {isinstance(b, int) for b in items}
     if len(kinds) > 1:

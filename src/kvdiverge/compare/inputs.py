@@ -74,12 +74,11 @@ def check_numbers(K: int, H: int, draws: int, level: float, temperature: float) 
         raise CompareError(f"--draws: expected an integer >= 1, got {draws!r}")
     if not isinstance(level, float | int) or not 0 < level < 1:
         raise CompareError(f"--level: expected a number in (0, 1), got {level!r}")
-    ok = isinstance(temperature, float | int) and not isinstance(temperature, bool)
-    if not ok or not 0 <= temperature < float("inf"):
-        raise CompareError(
-            f"--temperature: expected a finite number >= 0 (0: greedy), got {temperature!r}"
-        )
+    from kvdiverge.config import temperature_value_problem  # the config's rule, as the pipeline's
     from kvdiverge.pipeline.extremes import temperature_problem
+
+    if problem := temperature_value_problem(temperature, "--temperature"):
+        raise CompareError(problem)
 
     if problem := temperature_problem(temperature, "--temperature"):  # NaN kernels near 0
         raise CompareError(problem)

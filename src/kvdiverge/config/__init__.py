@@ -45,6 +45,7 @@ from kvdiverge.config.actions import (
     budget_text,
     check_budgets,
     configured_actions,
+    is_budget,
     selector_entry,
 )
 from kvdiverge.config.baselines import baseline_contrasts, baseline_pairs, baseline_problem
@@ -75,7 +76,12 @@ from kvdiverge.config.studies import (
     compared_actions,
     study_contrasts,
 )
-from kvdiverge.config.temperature import decoding_problem, greedy_replicates, rollout_temperature
+from kvdiverge.config.temperature import (
+    decoding_problem,
+    greedy_replicates,
+    rollout_temperature,
+    temperature_value_problem,
+)
 
 __all__ = [
     "BUILT_MODELS",
@@ -112,6 +118,7 @@ __all__ = [
     "configured_actions",
     "decoding_problem",
     "greedy_replicates",
+    "is_budget",
     "load_schema",
     "load_yaml_strict",
     "model_path",
@@ -120,6 +127,7 @@ __all__ = [
     "selector_entry",
     "study_contrasts",
     "study_groups",
+    "temperature_value_problem",
     "templated",
     "validate_config",
     "wildcard_alternation",

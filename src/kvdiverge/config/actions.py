@@ -57,6 +57,7 @@ __all__ = [
     "budget_text",
     "check_budgets",
     "configured_actions",
+    "is_budget",
     "selector_entry",
 ]
 
@@ -117,7 +118,10 @@ def budget_text(budget: float | int) -> str:
     return repr(budget)
 
 
-def _is_budget(b: Any) -> bool:
+def is_budget(b: Any) -> bool:
+    """Whether ``b`` is one budget of a sweep: a fraction of the prompt in (0, 1] (a float) or
+    a token count >= 1 (an int; never a bool). A config's ``budgets`` and ``kvdiverge
+    compare --budgets`` take the same values."""
     if isinstance(b, bool):
         return False
     return (isinstance(b, float) and 0 < b <= 1) or (isinstance(b, int) and b >= 1)
@@ -131,7 +135,7 @@ def _sweep_problem(name: str, spec: Mapping[str, Any]) -> str | None:
     if (
         not isinstance(budgets, list)
         or not budgets
-        or not all(_is_budget(b) for b in budgets)
+        or not all(is_budget(b) for b in budgets)
         or len({(type(b), b) for b in budgets}) < len(budgets)
     ):
         return f"{where}.budgets: expected {_BUDGETS}, got {budgets!r}"

@@ -19,12 +19,26 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["decoding_problem", "greedy_replicates", "rollout_temperature"]
+__all__ = [
+    "decoding_problem",
+    "greedy_replicates",
+    "rollout_temperature",
+    "temperature_value_problem",
+]
 
 
 def rollout_temperature(config: Mapping[str, Any]) -> float:
     """``rollout.temperature`` of a config (1, the default, where it is absent)."""
     return config.get("rollout", {}).get("temperature", 1.0)
+
+
+def temperature_value_problem(T: Any, field: str) -> str | None:
+    """The one line ``<field>: expected a finite number >= 0 (0: greedy), got ...`` for a
+    decoding temperature that is not one (a bool, NaN, infinite or negative), or None. The
+    config's ``rollout.temperature`` and ``kvdiverge compare --temperature`` both take it."""
+    if isinstance(T, bool) or not isinstance(T, int | float) or not math.isfinite(T) or T < 0:
+        return f"{field}: expected a finite number >= 0 (0: greedy), got {T!r}"
+    return None
 
 
 def decoding_problem(config: Mapping[str, Any]) -> str | None:
@@ -38,8 +52,8 @@ def decoding_problem(config: Mapping[str, Any]) -> str | None:
     and M = 1{τ ≤ H}: the trunk has nothing to branch, and the shared-reference coupling already
     gives greedy decoding's exact answer with one path per document."""
     T = rollout_temperature(config)
-    if isinstance(T, bool) or not isinstance(T, int | float) or not math.isfinite(T) or T < 0:
-        return f"config.rollout.temperature: expected a finite number >= 0 (0: greedy), got {T!r}"
+    if problem := temperature_value_problem(T, "config.rollout.temperature"):
+        return problem
     if T == 0 and config.get("rollout", {}).get("coupling") == "swrb":
         return (
             "config.rollout.temperature: 0 (greedy), but rollout.coupling swrb needs T > 0: "
