@@ -5,7 +5,8 @@
 import os
 import sys
 
-from kvdiverge.config import check_config, configured_actions, wildcard_alternation
+from kvdiverge.config import check_config, compared_actions, configured_actions
+from kvdiverge.config import wildcard_alternation
 from kvdiverge.config import model_path as configured_model_path
 from kvdiverge.config import study_contrasts as configured_contrasts
 from kvdiverge.config import study_groups
@@ -204,9 +205,9 @@ def study_contrasts(study):
 
 
 def study_compared_actions(wildcards):
-    """The study's actions without the full-retention control (plotted and tabulated)."""
-    study = config["studies"][wildcards.study]
-    return [a for a in study["actions"] if a != study["control"]]
+    """The study's actions without the full-retention control (plotted and tabulated;
+    kvdiverge.config.compared_actions)."""
+    return compared_actions(config, wildcards.study)
 
 
 def study_control(wildcards):
