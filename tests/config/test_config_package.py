@@ -1,6 +1,6 @@
 """The configuration package's public face (kvdiverge.config): every public name of its modules
-is importable from the package, and every name the single module ``kvdiverge/config.py``
-exported before it became a package still is."""
+is importable from the package, and every name the package exported while it was a single
+module still is."""
 
 from __future__ import annotations
 
