@@ -357,9 +357,13 @@ class _UnitRun:
         p = _absorbed(p_raw, self.x_done, point_mass, self.x_any)
         x = None
         for i, fields in enumerate(self.out):
+            z = self.y_stream.get(i, -2) + 1  # the Z stream's code (-1: none)
+            z_rows = batch.members[batch._stream_base_host[u] + z][0].numel() if z > 0 else 0
+            # no Z row, no ended X or Y row: Q on X's history is Q, row for row and bit for bit
+            same = not (self.x_any or self.y_any[i] or z_rows)
             if i in self.y_stream:
                 q_raw = batch.by_replicate(probs, u, self.y_stream[i])
-                q_fixed_raw = batch.by_replicate(probs, u, self.y_stream[i] + 1, base=q_raw)
+                q_fixed_raw = q_raw if same else batch.by_replicate(probs, u, z, base=q_raw)
             else:  # the identity shortcut: Q is P as a kernel
                 q_raw = q_fixed_raw = p_raw
             if self.keep_logits:
@@ -378,8 +382,9 @@ class _UnitRun:
             x, y = maximal_coupling_step(p, q, self.uniforms[t - 1], x=x)
             self.y_done[i] = self.y_done[i] | torch.isin(y, eos)
             fields["y_token"][:, t - 1] = y
-            fields["tv_rollout"][:, t - 1] = tv(p, q)
-            fields["tv_fixed"][:, t - 1] = tv(p, q_fixed)
+            delta = tv(p, q)
+            fields["tv_rollout"][:, t - 1] = delta
+            fields["tv_fixed"][:, t - 1] = delta if same else tv(p, q_fixed)
             fields["y_eos"][:, t - 1] = self.y_done[i]
             self.split[i] = self.split[i] | (x != y)
         if x is None:  # no intervention: X alone

@@ -45,8 +45,9 @@ def _is_torch(a: Any) -> bool:
 
 
 def tv(p: Any, q: Any) -> Any:
-    """TV(p, q) = 1/2 Σ_u |p(u) − q(u)| along the last axis."""
-    return 0.5 * abs(p - q).sum(-1)
+    """TV(p, q) = 1/2 Σ_u |p(u) − q(u)| along the last axis (torch: |·| in place on p − q)."""
+    d = p - q
+    return 0.5 * (d.abs_() if _is_torch(d) else abs(d)).sum(-1)
 
 
 def tempered_kernel(logits: Any, temperature: float = 1.0) -> Any:
