@@ -38,6 +38,9 @@ Usage::
     # the native prompt kernel beside the library kernels, one after the other in one process:
     python benchmarks/throughput.py --models smollm2 --shapes study1 --lengths 4096 \
         --H 128 --kernels native library --threads 1
+    # the roofline (benchmarks/roofline.py): every part of decode and prefill against its
+    # bound, for the default's job, study 1 at 4K and study 2 at 8K (H = 128, whole strata):
+    python benchmarks/throughput.py --models smollm2 --roofline --no-baseline --threads 1
 
 Every ratio is printed with the GEMM rate it was taken against (the mean of the rates measured
 before and after the job, and after the baseline) and a flag ("GEMM moved") when those rates
@@ -48,6 +51,7 @@ result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import sys
@@ -63,6 +67,8 @@ import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import roofline  # noqa: E402
 
 import kvdiverge.engine.attention as attention  # noqa: E402
 import kvdiverge.engine.rows as decode  # noqa: E402
@@ -284,14 +290,18 @@ def prefill_flops(counter: FlopCounter, n: int) -> float:
     )
 
 
-def measure_job(model, docs, eos, settings, counter: FlopCounter, actions=ACTIONS) -> dict:
+def measure_job(
+    model, docs, eos, settings, counter: FlopCounter, actions=ACTIONS, timer=None
+) -> dict:
     """The job's documents through ``rollout_documents``: the prefills as the engine times them
     (with the actions' window queries); decode seconds are the wall time less the prefills and
-    selections."""
+    selections. ``timer``: a ``roofline.PartTimer`` timing every part as well."""
     counter.flops = counter.rows = counter.calls = 0
     counter.seconds = dict.fromkeys(counter.seconds, 0.0)
+    if timer is not None:
+        timer.reset()
     start = clock()
-    with counter:
+    with counter, timer if timer is not None else contextlib.nullcontext():
         results = dict(rollout_documents(model, docs, actions, eos, settings))
     wall = clock() - start
     first = [next(iter(r.values())) for r in results.values()]
@@ -334,6 +344,7 @@ def run(
     dtype: str,
     layout: str = "auto",
     kernel: str = "native",
+    with_roofline: bool = False,
 ) -> dict:
     model = load_model(str(MODELS[model_name]), device=device, dtype=dtype)
     tokenizer = load_tokenizer(str(MODELS[model_name]))
@@ -345,6 +356,9 @@ def run(
     counter = FlopCounter(model)
     run_prefill(model, prompts[0][:64])  # warm-up: first-call allocations and kernel choice
     gemm = [gemm_rate(model)]
+    weight = next(model.parameters())
+    timer = roofline.PartTimer(model) if with_roofline else None
+    rates = [roofline.machine_rates(weight.dtype, weight.device)] if with_roofline else []
     settings = RolloutSettings(
         shape.H,
         1,
@@ -352,9 +366,11 @@ def run(
         prompt_attention=layout,
         native_attention=kernel == "native",
     )
-    dec = measure_job(model, docs, eos, settings, counter, shape.actions)
+    dec = measure_job(model, docs, eos, settings, counter, shape.actions, timer)
     prefill = dec.pop("prefill")
     gemm.append(gemm_rate(model))
+    if with_roofline:
+        rates.append(roofline.machine_rates(weight.dtype, weight.device))
     out = {
         "model": f"{model_name} ({str(model.dtype).removeprefix('torch.')})",
         "shape": shape.name,
@@ -369,6 +385,18 @@ def run(
         out["baseline_path_seconds"] = measure_baseline(model, prompts[0], k, shape.H, eos)
         gemm.append(gemm_rate(model))
     counter.close()
+    if timer is not None:
+        timer.close()
+        out["roofline"] = {
+            "model": out["model"],
+            "shape": shape.name,
+            "n": shape.n,
+            "rates": rates,
+            "threads": torch.get_num_threads(),
+            "timer": timer,
+            "decode_seconds": dec["seconds"],
+            "prefill_seconds": prefill["seconds"],
+        }
     out["gemm"] = gemm
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return out
@@ -432,6 +460,9 @@ def report(rows: list[dict], file: Any = None) -> None:
             f"{b['shared-prefix']:.1f} | {b['mlp']:.1f} | {b['lm_head']:.1f} | {other:.1f} | "
             f"{b['outside']:.1f} |"
         )
+    for r in rows:
+        if "roofline" in r:
+            roofline.report(r["roofline"], say)
 
 
 def sweep(
@@ -466,7 +497,15 @@ def sweep(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--shapes", nargs="+", default=["default", "cpu-study"])
+    parser.add_argument(
+        "--shapes", nargs="+", default=None, help="default: default cpu-study (see --roofline)"
+    )
+    parser.add_argument(
+        "--roofline",
+        action="store_true",
+        help="time every part against its bound (benchmarks/roofline.py); without --shapes: "
+        "the default's job (H = 32), study 1 at 4K and study 2 at 8K (H = 128, whole strata)",
+    )
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--H", type=int, default=32)
     parser.add_argument(
@@ -522,14 +561,34 @@ def main() -> None:
             sweep(name, args.sweep, 8, args.sweep_docs, args.device, args.dtype)
         return
     rows = args.rows or default_rows()
+    if args.shapes is None and args.roofline:  # the roofline's three shapes
+        docs = tuple(args.documents)
+        job_shapes = [
+            *shapes(["default"], [], 32),
+            *shapes(["study1"], [4096], 128, docs, args.K),
+            *shapes(["study2"], [8192], 128, docs, args.K),
+        ]
+    else:
+        names = args.shapes or ["default", "cpu-study"]
+        job_shapes = shapes(names, args.lengths, args.H, tuple(args.documents), args.K)
     out = []
     for name in args.models:
-        for shape in shapes(args.shapes, args.lengths, args.H, tuple(args.documents), args.K):
+        for shape in job_shapes:
             runs = [(layout, kernel) for layout in args.layouts for kernel in args.kernels]
             for i, (layout, kernel) in enumerate(runs):
                 baseline = not args.no_baseline and i == 0  # the baseline once per shape
                 out.append(
-                    run(name, shape, rows, baseline, args.device, args.dtype, layout, kernel)
+                    run(
+                        name,
+                        shape,
+                        rows,
+                        baseline,
+                        args.device,
+                        args.dtype,
+                        layout,
+                        kernel,
+                        args.roofline,
+                    )
                 )
                 if not baseline and "baseline_path_seconds" in out[-1 - i]:
                     out[-1]["baseline_path_seconds"] = out[-1 - i]["baseline_path_seconds"]
