@@ -34,6 +34,7 @@ def test_the_package_has_its_modules():
     assert _modules() == [
         "actions",
         "baselines",
+        "bounds",
         "errors",
         "horizon",
         "models",

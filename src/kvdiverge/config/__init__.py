@@ -24,13 +24,15 @@ Modules, one concept each:
 * ``baselines`` — a study's baseline and the pairs set against it (:func:`baseline_pairs`).
 * ``horizon`` — what ``rollout.H`` implies: the generation reserve, the analysis clock, the
   family estimands.
+* ``bounds`` — a config's extreme values (a temperature near 0, replicates beyond a trajectory
+  file's rows) against the bounds of :mod:`kvdiverge.pipeline.extremes`.
 * ``parse_checks`` — every check in order: :func:`check_config`, :func:`check_references`.
 
 Two pieces stay below this layer because lower layers read them, and are re-exported here: a
 study's rollout groups (:mod:`kvdiverge.analysis.groups`, read by the study's lock) and an
 action entry's selector part (:func:`kvdiverge.eviction.selector_entry`, read by the memory
-plan). Bounds on extreme values (:mod:`kvdiverge.pipeline.extremes`) stay in the pipeline layer,
-which the engine and ``kvdiverge compare`` share.
+plan). The bounds on extreme values themselves (:mod:`kvdiverge.pipeline.extremes`) stay in
+the pipeline layer: the engine's settings and ``kvdiverge compare`` read them too.
 """
 
 from __future__ import annotations
@@ -49,8 +51,14 @@ from kvdiverge.config.actions import (
     selector_entry,
 )
 from kvdiverge.config.baselines import baseline_contrasts, baseline_pairs, baseline_problem
+from kvdiverge.config.bounds import extremes_problem
 from kvdiverge.config.errors import ConfigError
-from kvdiverge.config.horizon import check_clock, check_family_estimands, check_generation_reserve
+from kvdiverge.config.horizon import (
+    check_clock,
+    check_family_estimands,
+    check_generation_reserve,
+    clock_problem,
+)
 from kvdiverge.config.models import BUILT_MODELS, check_length_tokenizer, check_models, model_path
 from kvdiverge.config.names import (
     NAME_PATTERN,
@@ -113,10 +121,12 @@ __all__ = [
     "check_references",
     "check_studies",
     "check_swrb_groups",
+    "clock_problem",
     "compared_actions",
     "config_name_problem",
     "configured_actions",
     "decoding_problem",
+    "extremes_problem",
     "greedy_replicates",
     "is_budget",
     "load_schema",

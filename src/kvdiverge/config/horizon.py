@@ -9,9 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvdiverge.config.errors import ConfigError
-from kvdiverge.pipeline.extremes import clock_problem
 
-__all__ = ["check_clock", "check_family_estimands", "check_generation_reserve"]
+__all__ = [
+    "check_clock",
+    "check_family_estimands",
+    "check_generation_reserve",
+    "clock_problem",
+]
 
 
 def check_generation_reserve(config: Mapping[str, Any]) -> None:
@@ -28,6 +32,26 @@ def check_generation_reserve(config: Mapping[str, Any]) -> None:
             f"config.datasets.generation_reserve: {reserve} leaves less room than the "
             f"rollout.H = {horizon} generated tokens; expected an integer >= {horizon}"
         )
+
+
+def clock_problem(
+    H: int, key: str, fraction: Any, text: str, smallest: int | None, field: str
+) -> str:
+    """The line refusing ``rollout.H`` for the analysis clock, in the user's own terms: the
+    H they wrote, the clock's fraction ``key`` (``analysis.clock.<field>``, a fraction of H)
+    whose step count ``text`` refuses (``"<key> must lie in ..., got N"``), and the smallest H
+    that works with the same fractions (``smallest``; None when none does nearby)."""
+    rule, _, derived = text.rpartition(", got ")
+    steps = "step" if derived == "1" else "steps"
+    made = f"makes {derived} {steps}, and " if rule and key != "H" else ""
+    rule = rule or text
+    what = f"analysis.clock.{field} {fraction!r} (a fraction of H) {made}" if made else ""
+    fix = f"rollout.H >= {smallest}" if smallest is not None else "a longer rollout.H"
+    other = f", or another analysis.clock.{field}" if made else ""
+    return (
+        f"config.rollout.H: {H} is too short for the analysis clock: {what}{rule}; expected "
+        f"{fix}{other}"
+    )
 
 
 _CLOCK_FIELDS = {

@@ -12,7 +12,7 @@ checking"). Each check raises :class:`~kvdiverge.config.errors.ConfigError` with
    actions' budget sweeps expanded in place and their labels, the decoding temperature, the
    studies' baselines and bootstrap draws (:mod:`kvdiverge.config.actions`,
    :mod:`kvdiverge.config.temperature`, :mod:`kvdiverge.config.baselines`); extreme values
-   (:mod:`kvdiverge.pipeline.extremes`); the finite-state study's EOS token and figure
+   (:mod:`kvdiverge.config.bounds`); the finite-state study's EOS token and figure
    systems; the models (:mod:`kvdiverge.config.models`); the actions parsed; the studies, their
    rollout groups and contrasts (:mod:`kvdiverge.config.studies`); the length tokenizer; the
    analysis clock and the family estimands at H (:mod:`kvdiverge.config.horizon`); the
@@ -30,6 +30,7 @@ from typing import Any
 from kvdiverge.analysis.bootstrap import bootstrap_draws_problem
 from kvdiverge.config.actions import actions_problem, check_budgets, configured_actions
 from kvdiverge.config.baselines import baseline_problem
+from kvdiverge.config.bounds import extremes_problem
 from kvdiverge.config.errors import ConfigError
 from kvdiverge.config.horizon import check_clock, check_family_estimands, check_generation_reserve
 from kvdiverge.config.models import check_length_tokenizer, check_models
@@ -38,7 +39,6 @@ from kvdiverge.config.reading import TEMPLATING_REFUSED, load_yaml_strict, templ
 from kvdiverge.config.schema import validate_config
 from kvdiverge.config.studies import check_analysis_references, check_studies, check_swrb_groups
 from kvdiverge.config.temperature import decoding_problem, greedy_replicates
-from kvdiverge.pipeline.extremes import extremes_problem
 
 __all__ = ["check_config", "check_references"]
 
