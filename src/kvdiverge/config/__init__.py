@@ -1,8 +1,9 @@
 """The configuration in one place: how a run's config is read, what its schema fills in and
-refuses, how its names point at each other, and what its actions, decoding, models, studies and
-baselines mean. The pipeline (``workflow/rules/*.smk``) and ``kvdiverge compare`` read it from
-here; everything is checked once at parse time (:func:`check_config`), one
-:class:`ConfigError` line naming the field or file.
+refuses, how its names point at each other, and what its actions, decoding temperature,
+models, studies and baselines mean. The pipeline's rules (``workflow/rules/*.smk``) read it
+from here, and ``kvdiverge compare`` the rules it shares (a temperature, a sweep's budgets:
+:func:`temperature_value_problem`, :func:`is_budget`); a run's config is checked once at parse
+time (:func:`check_config`), one :class:`ConfigError` line naming the field or file.
 
 Modules, one concept each:
 
