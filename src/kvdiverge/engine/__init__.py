@@ -6,6 +6,8 @@
 * :mod:`kvdiverge.engine.rows`: the coupled decode loop's row machinery — one model call per
   step for every row of a batch, the stepwise maximal coupling on common random numbers;
 * :mod:`kvdiverge.engine.document`: one document's rollouts under several actions;
+* :mod:`kvdiverge.engine.decoding_compression`: compression during decoding — each row's kept
+  entries, re-compressed from its own history after each model call;
 * :mod:`kvdiverge.engine.batches`: many documents' rollouts with the rows of several documents
   in each model call (:func:`rollout_documents`, batches packed by :func:`plan_batches`);
 * :mod:`kvdiverge.engine.swrb_rollout`: SWRB replicates of one document;
