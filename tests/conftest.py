@@ -4,10 +4,16 @@ The README's test command runs two pytest-xdist workers on a 2-core machine. Eac
 one torch thread, and the processes it starts (Snakemake runs, training jobs) inherit
 ``OMP_NUM_THREADS=1``, so that the two workers do not oversubscribe the cores. Tests that compare
 results across thread counts set their own counts explicitly.
+
+The ``slow`` marker (docs/testing.md) is held to what it promises: a test that starts Snakemake
+(a process whose program is ``snakemake``, dry runs included) or that uses the materialized
+SmolLM2 (``smollm2_folder``), itself or through a fixture it requests, fails with one line
+naming it unless it is marked ``slow``, so that ``-m "not slow"`` runs neither.
 """
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +23,76 @@ from filelock import FileLock
 ROOT = Path(__file__).resolve().parents[1]
 
 
+SLOW_PROGRAMS = {"snakemake"}
+"""Programs whose start makes a test slow (basename of the command's first word)."""
+SLOW_FIXTURES = {"smollm2_folder"}
+"""Fixtures whose use makes a test slow (the real SmolLM2, materialized and rolled out)."""
+_CURRENT: dict = {"item": None, "fixture": None}
+_SLOW_SETUPS: set = set()  # the fixture definitions whose set-up started a slow program
+
+
+def _is_slow(item) -> bool:
+    return item is not None and item.get_closest_marker("slow") is not None
+
+
+def _unmarked(item, why: str) -> str:
+    return (
+        f"{item.nodeid} {why} but is not marked slow: add @pytest.mark.slow (or a module's "
+        'pytestmark), so that the fast run (-m "not slow", docs/testing.md) leaves it out'
+    )
+
+
+class _GuardedPopen(subprocess.Popen):
+    """``subprocess.Popen`` that refuses a slow program started by a test not marked slow."""
+
+    def __init__(self, args, *rest, **kwargs):
+        first = args if isinstance(args, (str, bytes, os.PathLike)) else (args[0] if args else "")
+        program = os.path.basename(os.fsdecode(first).split()[0]) if first else ""
+        if program in SLOW_PROGRAMS:
+            item, fixture = _CURRENT["item"], _CURRENT["fixture"]
+            if fixture is not None:
+                _SLOW_SETUPS.add(fixture)
+            if item is not None and not _is_slow(item):
+                name = f" (fixture {fixture.argname})" if fixture is not None else ""
+                where = f"starts {program}{name}"
+                raise RuntimeError(_unmarked(item, where))
+        super().__init__(args, *rest, **kwargs)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Remember which fixture is being set up, so that a slow program it starts marks it."""
+    outer = _CURRENT["fixture"]
+    _CURRENT["fixture"] = fixturedef
+    try:
+        yield
+    finally:
+        _CURRENT["fixture"] = outer
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    _CURRENT["item"] = item
+    if not _is_slow(item):
+        defs = item._fixtureinfo.name2fixturedefs  # the definitions this test's fixtures use
+        uses = sorted(
+            name
+            for name in item.fixturenames
+            if name in SLOW_FIXTURES or any(d in _SLOW_SETUPS for d in defs.get(name, ())[-1:])
+        )
+        if uses:
+            raise RuntimeError(_unmarked(item, f"uses {', '.join(uses)}"))
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield
+    _CURRENT["item"] = None
+
+
 def pytest_configure(config) -> None:
+    subprocess.Popen = _GuardedPopen
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     os.environ["OMP_NUM_THREADS"] = "1"

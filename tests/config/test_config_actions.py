@@ -227,6 +227,7 @@ def test_the_methods_of_a_study_at_two_budgets_or_more():
     assert budget_sweeps(cfg, "study1") == {"s128": ("snapkv", 128), "s256": ("snapkv", 256)}
 
 
+@pytest.mark.slow
 def test_a_study_with_a_sweep_plans_its_sweep_figure(tmp_path):
     """The tiny config with a sweep in study 1: its three actions' rollouts and the sweep
     figure are planned; study 2, with no method at two budgets, gets no sweep figure."""

@@ -216,6 +216,7 @@ def test_stale_or_missing_fingerprint_is_one_clear_line(name, tmp_path):
         check_demo_model_folder(folder, {"demo": "llama"}, seed, where="models.x")
 
 
+@pytest.mark.slow
 def test_workflow_refuses_stale_weights_at_parse_time(tmp_path):
     work = tmp_path / "wf"
     work.mkdir()
@@ -259,6 +260,7 @@ def test_workflow_refuses_stale_weights_at_parse_time(tmp_path):
     assert again.returncode == 0 and "build_demo_model" in again.stdout + again.stderr
 
 
+@pytest.mark.slow
 def test_committed_weights_older_than_the_workflow_are_not_retrained(tmp_path):
     """A fresh clone writes data/models/ before workflow/ (git's path order): the committed
     weights are then older than every rule file, and must still be used as they are."""

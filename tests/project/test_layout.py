@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdiverge.pipeline.provenance import _direct_imports, imported_modules, module_file
+from kvdiverge.pipeline.provenance import direct_imports, imported_modules, module_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = ROOT / "src" / "kvdiverge"
@@ -59,7 +59,7 @@ def layer(name: str) -> int:
 def import_graph() -> dict[str, set[str]]:
     modules = package_modules()
     return {
-        name: {m for m in _direct_imports(path, name) if m in modules and m != name}
+        name: {m for m in direct_imports(path, name) if m in modules and m != name}
         for name, path in modules.items()
     }
 

@@ -21,6 +21,7 @@ def _default_strata() -> list[str]:
     return [f"{s['env']}-{s['label']}" for s in config["datasets"]["strata"]]
 
 
+@pytest.mark.slow
 def test_every_default_stratum_is_a_job(tmp_path):
     work = workflow_copy(tmp_path)
     targets = [f"results/documents/{s}.parquet" for s in _default_strata()]

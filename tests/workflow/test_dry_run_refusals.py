@@ -17,7 +17,7 @@ import yaml
 from refusal_helpers import NAME_RULE, SCHEMA, one_line, tiny
 from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
-from kvdiverge.config.loading import templated
+from kvdiverge.config.reading import templated
 from kvdiverge.datasets import DatasetsConfig
 from kvdiverge.datasets.fitting import DatasetError
 from kvdiverge.pipeline.folders import check_writable_folder

@@ -10,6 +10,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from workflow_helpers import SNAKEMAKE, workflow_copy
 
 
@@ -27,6 +28,7 @@ def _dry_run(work: Path, *args: str) -> str:
     return res.stdout + res.stderr
 
 
+@pytest.mark.slow
 def test_rule_all_is_one_line_and_no_reason_lists_the_outputs(tmp_path):
     work = workflow_copy(tmp_path)
     text = _dry_run(work)

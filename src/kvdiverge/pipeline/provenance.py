@@ -31,6 +31,7 @@ __all__ = [
     "PACKAGE",
     "REGISTER_DECORATOR",
     "code_text",
+    "direct_imports",
     "imported_modules",
     "module_file",
     "module_fingerprint",
@@ -159,8 +160,9 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _direct_imports(path: Path, own: str | None) -> set[str]:
-    """Package modules named by the import statements of the file ``path`` (module ``own``)."""
+def direct_imports(path: Path, own: str | None) -> set[str]:
+    """Package modules named by the import statements of the file ``path`` (module ``own``):
+    the edges of the import graph that the rerun fingerprints and the layout check walk."""
     found = _imported_names(path.read_text(), own, path.name == "__init__.py")
     return {
         name
@@ -223,7 +225,7 @@ def imported_modules(entries: Iterable[str | os.PathLike]) -> list[str]:
             visit(text)
     while pending:
         path, own = pending.pop()
-        for name in _direct_imports(path, own):
+        for name in direct_imports(path, own):
             visit(name)
     return sorted(seen)
 
