@@ -261,6 +261,39 @@ rule study_contrasts:  # a study with a baseline (studies.<study>.baseline)
         "../scripts/study_contrasts.py"
 
 
+rule study_cache_bytes:  # each action's cache bytes beside its budget (analysis.cache_bytes)
+    input:
+        unpack(
+            lambda w: keyed(
+                "trajectories",
+                {
+                    f"{model}/{action}": paths
+                    for model in config["models"]
+                    for action, paths in study_trajectory_files(
+                        w.study, [model], "evaluation"
+                    ).items()
+                },
+            )
+        ),
+    output:
+        csv=results("{study}/tables/cache_bytes.csv"),
+        md=results("{study}/tables/cache_bytes.md"),
+    log:
+        logs("figures/study_cache_bytes/{study}.log"),
+    benchmark:
+        results("benchmarks/study_cache_bytes/{study}.tsv")
+    wildcard_constraints:
+        study=wildcard_alternation(config["studies"], "no-study"),
+    localrule: True
+    conda:
+        "../../envs/kvdiverge.yaml"
+    params:
+        control=study_control,
+        code=script_code("study_cache_bytes.py"),
+    script:
+        "../scripts/study_cache_bytes.py"
+
+
 rule study_metrics:  # metrics.json: what `kvdiverge merge` reads (kvdiverge.tables.metrics)
     input:
         unpack(study_metrics_inputs),

@@ -37,9 +37,16 @@ CACHE_BYTES_COLUMNS = (
 
 
 def budget_label(action: Mapping[str, Any]) -> str:
-    """An action's budget as the table shows it: ``0.5``, ``512``, ``4 bits``, ``all``."""
+    """An action's budget as the table shows it: ``0.5``, ``512``, ``4 bits``, ``all``; for
+    compression during decoding its sizes (``4 + 188 entries``, ``192 entries every 8 steps``)."""
     if action.get("selector") == "quantize":
         return f"{action.get('bits')} bits"
+    if action.get("selector") == "streaming":  # compression during decoding: its sizes
+        return f"{action.get('sinks')} + {action.get('window')} entries"
+    press = action.get("press_kwargs")
+    decoding = isinstance(press, Mapping) and "target_size" in press  # kvpress's DecodingPress
+    if action.get("selector") == "kvpress" and decoding:
+        return f"{press['target_size']} entries every {press.get('compression_interval')} steps"
     if action.get("budget") is None:
         return "all"
     return repr(action["budget"])

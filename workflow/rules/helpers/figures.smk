@@ -87,7 +87,8 @@ def figures_and_tables_outputs():
     decomposition (and figure 7 for a family study, the budget-sweep figure for a study with
     a method at two budgets or more), Tables 1-4 in CSV, Markdown, LaTeX and
     HTML, and the estimands' typed Parquet copy and one-page summary; for a study with a
-    baseline, its contrasts against it and their summary sentences (rule study_contrasts)."""
+    baseline, its contrasts against it and their summary sentences (rule study_contrasts);
+    each action's cache bytes beside its budget (rule study_cache_bytes)."""
     out = [results(f"theory/figures/fig1_introductory_example.{e}") for e in ("png", "pdf")]
     for study in config["studies"]:
         names = [
@@ -112,6 +113,7 @@ def figures_and_tables_outputs():
         if study in baseline_studies():  # rule study_contrasts
             out += [results(f"{study}/tables/{n}") for n in STUDY_CONTRAST_FILES]
         out.append(results(f"{study}/metrics.json"))  # rule study_metrics
+        out += [results(f"{study}/tables/cache_bytes.{e}") for e in ("csv", "md")]
         out.append(results(f"{study}/tables/landing.rst"))
     return out
 
