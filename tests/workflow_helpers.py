@@ -57,6 +57,20 @@ def workflow_copy(
     return work
 
 
+FIXTURE_DOCUMENTS = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
+"""The fixture stratum's documents (tiny-llama's chat-wrapped lengths fit every tiny config)."""
+
+
+def place_fixture_documents(work: Path) -> Path:
+    """The fixture stratum's documents placed where rule materialize_documents writes them
+    (``results/documents/ruler-1024.parquet`` of the copy ``work``), so that a run starts at the
+    rollouts; the placed file's path."""
+    target = work / "results" / "documents" / "ruler-1024.parquet"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXTURE_DOCUMENTS, target)
+    return target
+
+
 def write_stand_in_model(folder: Path, positions: int = 131072) -> Path:
     """A folder that passes the parse-time model checks (kvdiverge.engine.preflight) without weights
     worth loading: config.json with a context window of ``positions``, an empty but whole

@@ -148,9 +148,14 @@ def test_auto_end_to_end_the_lock_registers_auto_and_the_evaluation_files_pass_i
     """The tiny workflow on the fixture stratum at ``max_batch_rows: auto``: the development
     rollouts, the plan, the lock (registering ``auto``) and the evaluation rollouts run; every
     evaluation file records ``auto`` and the rows it ran with, and passes the lock's check."""
-    import shutil
 
-    from workflow_helpers import fixture_stratum_config, package_env, run_snakemake, workflow_copy
+    from workflow_helpers import (
+        fixture_stratum_config,
+        package_env,
+        place_fixture_documents,
+        run_snakemake,
+        workflow_copy,
+    )
 
     from kvdiverge.io.locks import check_trajectory, read_lock
 
@@ -158,8 +163,7 @@ def test_auto_end_to_end_the_lock_registers_auto_and_the_evaluation_files_pass_i
     small = fixture_stratum_config(H=8, max_K=2, studies=studies)
     small["rollout"]["max_batch_rows"] = "auto"
     work = workflow_copy(tmp_path, package=True)
-    (work / "results" / "documents").mkdir(parents=True)
-    shutil.copy(DOCUMENTS, work / "results" / "documents" / "ruler-1024.parquet")
+    place_fixture_documents(work)
     override = tmp_path / "auto.yaml"
     override.write_text(yaml.safe_dump(small))
     files = [

@@ -218,6 +218,7 @@ QWEN = dict(
 )
 
 
+@pytest.mark.slow  # real rollouts of mid-size models, measured
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/statm")
 @pytest.mark.parametrize(
     "config, actions, K, H, rows, lengths",

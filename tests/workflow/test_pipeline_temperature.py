@@ -6,14 +6,19 @@ the study's lock; a greedy tiny-config run's reference X is the model's greedy g
 from __future__ import annotations
 
 import copy
-import shutil
 
 import numpy as np
 import polars as pl
 import pytest
 import torch
 import yaml
-from workflow_helpers import ROOT, package_env, run_snakemake, workflow_copy
+from workflow_helpers import (
+    ROOT,
+    package_env,
+    place_fixture_documents,
+    run_snakemake,
+    workflow_copy,
+)
 
 from kvdiverge.analysis.planning import PlanningError, development_paths, variance_components
 from kvdiverge.analysis.prespecification import read_lock
@@ -155,8 +160,7 @@ def test_a_greedy_pipeline_run_rolls_out_the_models_greedy_generation(tmp_path):
     from kvdiverge.models import chat_prompt_ids, load_model, load_tokenizer
 
     work = workflow_copy(tmp_path, package=True)
-    (work / "results" / "documents").mkdir(parents=True)
-    shutil.copy(FIXTURE, work / "results" / "documents" / "ruler-1024.parquet")
+    place_fixture_documents(work)
     override = tmp_path / "greedy.yaml"
     override.write_text(yaml.safe_dump(SMALL))
     model = "tiny-llama"

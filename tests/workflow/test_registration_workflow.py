@@ -7,17 +7,21 @@ advice each line gives works."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, fixture_stratum_config, package_env, run_snakemake, workflow_copy
+from workflow_helpers import (
+    fixture_stratum_config,
+    package_env,
+    place_fixture_documents,
+    run_snakemake,
+    workflow_copy,
+)
 
 from kvdiverge.io.locks import read_history, read_lock
 
-FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
 SMALL = fixture_stratum_config(
     H=8,
     max_K=2,
@@ -73,8 +77,7 @@ def _error_line(res: subprocess.CompletedProcess) -> str:
 @pytest.mark.slow
 def test_the_registration_binds_the_rollouts_end_to_end(tmp_path):
     work = workflow_copy(tmp_path, package=True)
-    (work / "results" / "documents").mkdir(parents=True)
-    shutil.copy(FIXTURE, work / "results" / "documents" / "ruler-1024.parquet")
+    place_fixture_documents(work)
     override = tmp_path / "small.yaml"
     override.write_text(yaml.safe_dump(SMALL))
     lock_path = work / f"results/{STUDY}/lock.json"

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 import torch
 import yaml
-from workflow_helpers import fixture_stratum_config
+from workflow_helpers import fixture_stratum_config, place_fixture_documents
 
 from kvdiverge.config import ConfigError, action_groups, check_config, study_groups
 from kvdiverge.engine import RolloutSettings, run_stratum_rollout_job
@@ -199,7 +199,6 @@ def test_an_action_appended_in_a_new_group_reruns_only_that_group(tmp_path):
     and the analysis after them. Run, the study lock and the first group's files stay as they
     were; the new files carry the amendment's hash and the study's K, and their X is the first
     group's path by path. An edit of the new action reruns its group alone."""
-    import shutil
 
     from workflow_helpers import planned_jobs, run_snakemake, workflow_copy
 
@@ -207,8 +206,7 @@ def test_an_action_appended_in_a_new_group_reruns_only_that_group(tmp_path):
     from kvdiverge.io.trajectories import read_trajectories, read_trajectory_metadata
 
     work = workflow_copy(tmp_path)
-    (work / "results" / "documents").mkdir(parents=True)
-    shutil.copy(DOCUMENTS, work / "results" / "documents" / "ruler-1024.parquet")
+    place_fixture_documents(work)
     models = ["tiny-llama"]  # one model keeps the test short; the groups are per study
     base = yaml.safe_load((work / "config.yaml").read_text())
     base["models"] = {m: base["models"][m] for m in models}

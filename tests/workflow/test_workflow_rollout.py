@@ -15,6 +15,7 @@ from workflow_helpers import (
     ROOT,
     fixture_stratum_config,
     package_env,
+    place_fixture_documents,
     planned_jobs,
     run_snakemake,
     workflow_copy,
@@ -41,8 +42,7 @@ def _workdir(tmp_path: Path, package: bool = False) -> Path:
     """A copy of the workflow (tests/workflow_helpers.py) with the fixture stratum's documents
     (and its own copy of the package with ``package``)."""
     work = workflow_copy(tmp_path, package=package)
-    (work / "results" / "documents").mkdir(parents=True)
-    shutil.copy(FIXTURE, work / "results" / "documents" / "ruler-1024.parquet")
+    place_fixture_documents(work)
     return work
 
 

@@ -8,19 +8,16 @@ The table's values are recomputed here from the raw record files with the closed
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import polars as pl
 import pytest
 import yaml
-from workflow_helpers import ROOT, run_snakemake, workflow_copy
+from workflow_helpers import ROOT, place_fixture_documents, run_snakemake, workflow_copy
 
 from kvdiverge.analysis.prespecification import read_lock
 from kvdiverge.io.swrb_records import read_swrb_metadata, read_swrb_records
 from kvdiverge.io.trajectories import read_trajectory_metadata
 
-FIXTURE = ROOT / "tests" / "data" / "documents" / "ruler-1024.parquet"
 H = 8
 T = 0.5
 ACTIONS = ["snapkv-half", "recent-half", "full"]
@@ -85,8 +82,7 @@ def _document_values(path) -> pl.DataFrame:
 def test_swrb_coupling_runs_from_the_config_to_the_tables(tmp_path):
     work = workflow_copy(tmp_path)
     (work / "config.yaml").write_text(yaml.safe_dump(_config(), sort_keys=False))
-    (work / "results" / "documents").mkdir(parents=True)
-    shutil.copy(FIXTURE, work / "results" / "documents" / "ruler-1024.parquet")
+    place_fixture_documents(work)
     targets = [
         "results/study1/tables/swrb_estimands.csv",
         "results/study1/figures/swrb_divergence_cdf.png",
