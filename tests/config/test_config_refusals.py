@@ -66,7 +66,7 @@ CONFIG_CASES = {
     "unknown selector": (
         _set("actions.snapkv-half.selector", "h2o"),
         "config.actions.snapkv-half.selector: expected one of full, quantize, recent, snapkv, "
-        "got 'h2o'",
+        "streaming, got 'h2o'",
     ),
     "even SnapKV kernel": (
         _set("actions.snapkv-half.kernel", 4),
