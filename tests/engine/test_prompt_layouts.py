@@ -18,7 +18,7 @@ import kvdiverge.engine.attention as attention
 from kvdiverge.engine import RolloutSettings, rollout_document_actions, rollout_documents
 from kvdiverge.engine.document import _Document, gather_prefix, kept_mask
 from kvdiverge.engine.kernels import native as native_kernel
-from kvdiverge.engine.kernels import prompt_reference, registry
+from kvdiverge.engine.kernels import registry
 from kvdiverge.engine.settings import MASKED_MIN_FRACTION
 from kvdiverge.eviction import kept_positions, parse_action, run_prefill
 from kvdiverge.models import (
@@ -232,56 +232,6 @@ def test_masked_pass_equals_gathered_parts_with_ragged_and_empty_heads():
             assert torch.isfinite(got[0][rows[1]]).all()
             torch.testing.assert_close(got[0][rows[1]], want[0][rows[1]], atol=1e-6, rtol=1e-5)
     assert shared.kept_entries() == [pytest.approx((35 + 0 + 12) / 4)]  # per layer and head
-
-
-def test_masked_kernel_is_validated_and_falls_back(monkeypatch, caplog):
-    """A masked candidate is used only after it matches the reference with masks (rows keeping
-    nothing included); one that ignores the mask is refused; one failing at run time is dropped
-    for that key with one warning and the next candidate (here the reference) gives the result."""
-    saved = list(registry._CANDIDATES)
-    monkeypatch.setattr(registry, "_CANDIDATES", saved)
-    registry.reset()
-
-    def ignores_mask(q, k, v, scale, table=None, rows=None):
-        return prompt_reference(q, k, v, scale)
-
-    def fails(q, k, v, scale, table=None, rows=None):
-        if q.shape[1] == 6:  # passes validation (7, 13, 5 rows), fails on the real problem
-            raise RuntimeError("unsupported stride")
-        return prompt_reference(q, k, v, scale, table, rows)
-
-    on_cpu = lambda key: key[1] == "cpu"  # noqa: E731
-    for cand in (
-        registry.Candidate("ignores-mask", ("prompt_masked",), ignores_mask, on_cpu),
-        registry.Candidate("fails-later", ("prompt_masked",), fails, on_cpu),
-    ):
-        registry.register(cand)
-    registry._CANDIDATES[:] = [c for c in registry._CANDIDATES if c.kind != "native"]
-    registry._CANDIDATES[:] = [
-        c
-        for c in registry._CANDIDATES
-        if not (c.name == "library-flash-cpu" and c.layouts != ("rows_own",))
-    ]
-    d, n = 16, 12
-    assert registry.choose("prompt_masked", "cpu", torch.float32, d).name == "fails-later"
-    gen = torch.Generator().manual_seed(5)
-    prompt = [(torch.randn(2, n, d, generator=gen), torch.randn(2, n, d, generator=gen))]
-    mask = torch.rand((2, n), generator=gen) < 0.5
-    mask[:, 0] = True
-    part = attention.PromptPass([0], prompt, [[mask]])
-    query = torch.randn(2, 6, 1, d, generator=gen)
-    key = value = torch.randn(2, 2, 1, d, generator=gen)
-    shared = attention.SharedPrefix([torch.arange(2)], [prompt], True, [part])
-    module = SimpleNamespace(layer_idx=0)
-    with caplog.at_level("WARNING", logger="kvdiverge.engine.kernels.registry"):
-        got = attention.shared_prefix_attention(module, query, key, value, None, kvd_prefix=shared)
-    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warned) == 1 and "fails-later failed" in warned[0], warned
-    assert registry.kernel_choices()["prompt_masked"] == "fails-later, reference-float32"
-    shared = attention.SharedPrefix([torch.arange(2)], [prompt], False, [part])
-    want = attention.shared_prefix_attention(module, query, key, value, None, kvd_prefix=shared)
-    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-6)
-    registry.reset()
 
 
 def test_bad_prompt_attention_is_one_line():
