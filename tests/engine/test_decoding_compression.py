@@ -272,3 +272,17 @@ def test_bad_compressor_refused_in_one_line(demo, cls, message):
     text = str(info.value)
     assert text.startswith("action 'bad': selector 'test_decoding_compression:") and message in text
     assert "\n" not in text
+
+
+@pytest.mark.parametrize("entry", [STREAM, {"name": "q", "selector": "quantize", "group_size": 8}])
+def test_swrb_refuses_caches_other_than_a_kept_subset(demo, entry):
+    """SWRB gathers kept subsets of the prompt: a decoding compressor or a prompt transformation
+    is refused in one line before the prefill, not run as the full cache."""
+    from kvdiverge.engine.swrb_rollout import swrb_rollout_document
+
+    model, ids, eos = demo
+    with pytest.raises(ActionError) as info:
+        swrb_rollout_document(model, ids, [entry], "doc-s", 2, eos, 8, 0)
+    text = str(info.value)
+    assert text.startswith(f"action {entry['name']!r}: selector ") and "SWRB runs prompt" in text
+    assert "\n" not in text

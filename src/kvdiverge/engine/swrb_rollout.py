@@ -57,7 +57,16 @@ from kvdiverge.engine.attention import (
 from kvdiverge.engine.document import gather_prefix, mean_kept
 from kvdiverge.engine.rows import decode_step
 from kvdiverge.engine.settings import model_device
-from kvdiverge.eviction import ActionSpec, Prefill, parse_action, run_prefill, select_positions
+from kvdiverge.eviction import (
+    ActionError,
+    ActionSpec,
+    Prefill,
+    is_decoding,
+    is_transform,
+    parse_action,
+    run_prefill,
+    select_positions,
+)
 from kvdiverge.io.swrb_records import SwrbRollout
 from kvdiverge.theory.coupling import (
     Stream,
@@ -318,6 +327,15 @@ def swrb_rollout_document(
     if not eos_ids:
         raise ValueError("eos_ids: at least one EOS token id is needed")
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
+    for a in specs:  # SWRB gathers kept subsets of the prompt: no other cache is its Q
+        if is_transform(a) or is_decoding(a):
+            kind = (
+                "transforms the prompt cache" if is_transform(a) else "compresses during decoding"
+            )
+            raise ActionError(
+                f"action {a.name!r}: selector {a.selector!r} {kind}; SWRB runs prompt selections "
+                "only (a kept subset of the prompt's entries): estimate it with the coupled rollout"
+            )
     reps = np.arange(replicates) if isinstance(replicates, int) else np.asarray(replicates)
     reps = reps.astype(np.int64)
     k = reps.size
