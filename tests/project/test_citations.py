@@ -181,6 +181,8 @@ def check_text(text: str, source: str, root: Path, patterns=None) -> list[str]:
 
     for match in _SECTION_CITATION.finditer(flat):
         path = match.group("path")
+        if "." in path.rsplit("/", 1)[-1][: -len(".md")]:
+            continue  # code, not a file: an attribute such as `snakemake.output.md, "..."`
         cited = [match.group("first")] + _MORE_SECTION.findall(match.group("more"))
         known = sections_of(path)
         if known is None:
@@ -258,6 +260,7 @@ def test_the_checker_finds_what_does_not_resolve(tmp_path):
         "`src/{name}.py`; `workflow/rules/*.smk`; [page](docs/page.md#real-section)\n"
     )
     assert check_text(good, "README.md", tmp_path) == []
+    assert check_text('write(snakemake.output.md, "text")\n', "src/x.py", tmp_path) == []
     # a test file moved into its layer folder: found by its name from the changelog only
     (tmp_path / "tests" / "engine").mkdir(parents=True)
     (tmp_path / "tests" / "engine" / "test_moved.py").write_text("", encoding="utf-8")
