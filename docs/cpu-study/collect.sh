@@ -2,11 +2,12 @@
 # Copy the files of one run of configs/cpu-study.yaml (and of its greedy companion,
 # configs/cpu-study-greedy.yaml) into docs/cpu-study/, where README.md's numbers come from.
 #
-#   bash docs/cpu-study/collect.sh RUN_FOLDER [TIME_LOG]
+#   bash docs/cpu-study/collect.sh RUN_FOLDER [TIME_LOG [GREEDY_TIME_LOG]]
 #
 # RUN_FOLDER: the working folder the run was made in (it holds results/cpu-study/ and
 # results/cpu-study-greedy/); TIME_LOG: the output of `/usr/bin/time -v snakemake ...`, whose
-# wall time is copied into run.txt. Then `python docs/cpu-study/make_readme.py` writes README.md.
+# wall time is copied into run.txt (GREEDY_TIME_LOG: the same for configs/cpu-study-greedy.yaml).
+# Then `python docs/cpu-study/make_readme.py` writes README.md.
 set -euo pipefail
 run=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,8 +35,11 @@ done
 {
     echo "commit: $(cat "$run/COMMIT" 2>/dev/null || echo unknown)"
     echo "config sha256: $(sha256sum "$run/configs/cpu-study.yaml" | cut -c1-64)"
-    if [ -n "${2:-}" ]; then
-        grep -E "Command being timed|Elapsed \(wall clock\)" "$2" || true
-    fi
+    for c in cpu-study cpu-study-greedy; do
+        echo "$c.yaml values sha256: $(python "$here/make_readme.py" --values-digest "$run/configs/$c.yaml")"
+    done
+    for log in "${2:-}" "${3:-}"; do
+        [ -n "$log" ] && { grep -E "Command being timed|Elapsed \(wall clock\)" "$log" || true; }
+    done
 } > "$here/run.txt"
 echo "collected into $here"

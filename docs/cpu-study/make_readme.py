@@ -3,16 +3,20 @@ configs/cpu-study-greedy.yaml) that docs/cpu-study/collect.sh copied here: every
 page is read from a row of those files, and every verdict is worded by what its interval
 excludes.
 
-    python docs/cpu-study/make_readme.py
+    python docs/cpu-study/make_readme.py          # writes README.md
+    python docs/cpu-study/make_readme.py --check  # fails unless README.md is what it writes
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import sys
 from pathlib import Path
 
 import polars as pl
+import yaml
 
 HERE = Path(__file__).resolve().parent
 SIGNED = {"branch_contrast_B", "branch_pre_contrast_B"}
@@ -44,6 +48,14 @@ PAPER = {  # quoted from the paper's tables (H = 128), as docs/cpu-study quoted 
     "rf recent-90 - snapkv-90": "28.56 [26.66, 30.48] / 21.63 [19.58, 23.66]; "
     "[25.11, 28.31] / [19.52, 23.61]",
 }
+
+
+def values_digest(config: Path) -> str:
+    """SHA-256 of a config's values (its YAML parsed, as sorted JSON): equal for two copies that
+    differ only in comments or layout."""
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _csv(path: Path) -> pl.DataFrame:
@@ -94,6 +106,31 @@ def sign_word(r: dict) -> str:
     return "has no established sign (its interval covers 0)"
 
 
+def x_accuracy(table: pl.DataFrame, stratum: str) -> dict:
+    """The full cache's accuracy row (``accuracy_x``) of one stratum: X is the full cache's own
+    generation, so every action's row carries it, and they must agree exactly."""
+    found = table.filter(
+        (pl.col("model") == MODEL[0])
+        & (pl.col("estimand") == "accuracy_x")
+        & (pl.col("stratum") == stratum)
+    )
+    keys = ["value", "ci_low", "ci_high", "n_docs", "n_paths"]
+    if found.height == 0 or found.select(keys).unique().height != 1:
+        raise LookupError(f"accuracy_x {stratum}: {found.height} rows that do not all agree")
+    return found.row(0, named=True)
+
+
+def verdict(r: dict, paper_sign: int) -> str:
+    """*holds*, *not settled* or *reversed*: the row's interval against the paper's sign."""
+    if _missing(r["ci_low"]) or _missing(r["ci_high"]):
+        return "no interval"
+    if (r["ci_low"] > 0 and paper_sign > 0) or (r["ci_high"] < 0 and paper_sign < 0):
+        return "holds"
+    if r["ci_low"] > 0 or r["ci_high"] < 0:
+        return "reversed"
+    return "not settled"
+
+
 def level(r: dict) -> str:
     return f"{100 * r['ci_level']:.6g}%"
 
@@ -102,7 +139,7 @@ def per(table, estimand, actions, scale=100.0, digits=1) -> str:
     return " / ".join(fmt(row(table, estimand, a), scale, digits) for a in actions)
 
 
-def main() -> None:
+def main(check: bool = False) -> None:
     s1, s2 = _csv(HERE / "study1" / "estimands.csv"), _csv(HERE / "study2" / "estimands.csv")
     locks = {s: json.loads((HERE / s / "lock.json").read_text()) for s in ("study1", "study2")}
     MODEL[:] = [locks["study1"]["design"]["models"][0]]
@@ -133,6 +170,15 @@ def main() -> None:
     add("```")
     out.extend(run)
     add("```")
+    add("")
+    recorded = dict(line.split(" values sha256: ") for line in run if " values sha256: " in line)
+    for name, digest in recorded.items():
+        now = values_digest(HERE.parents[1] / "configs" / name)
+        same = "equal to" if now == digest else "DIFFERENT FROM"
+        add(
+            f"`configs/{name}` as committed has values {same} the run's copy (SHA-256 of the "
+            "parsed YAML; comments may differ)."
+        )
     add("")
     add(
         "Its wall time was measured on a development machine shared with other jobs: it says how "
@@ -192,8 +238,11 @@ def main() -> None:
     add("")
     add(
         "Task accuracy of the full cache's own generation X, scored with each RULER task's metric "
-        "on its first H tokens (`accuracy.csv`, estimand `accuracy_x` of the control), per "
-        "stratum, at the study's temperature 1 and greedy:"
+        "on its first H tokens (estimand `accuracy_x`: the same full-cache paths under every "
+        "action), per "
+        "stratum, at the study's temperature 1 (`studyN/accuracy.csv`) and greedy "
+        "(`greedy/studyN/accuracy.csv`, from `configs/cpu-study-greedy.yaml`); brackets: 95% "
+        "document-bootstrap intervals:"
     )
     add("")
     add("| study | stratum | documents | T = 1, % | greedy, % |")
@@ -204,8 +253,8 @@ def main() -> None:
         greedy_file = HERE / "greedy" / study / "accuracy.csv"
         a0 = _csv(greedy_file) if greedy_file.exists() else None
         for stratum in [*d1["strata"], "pooled"]:
-            r1 = row(a1, "accuracy_x", "full", stratum=stratum)
-            r0 = row(a0, "accuracy_x", "full", stratum=stratum) if a0 is not None else None
+            r1 = x_accuracy(a1, stratum)
+            r0 = x_accuracy(a0, stratum) if a0 is not None else None
             accuracy[(study, stratum)] = (r1, r0)
             add(
                 f"| {study} | {stratum} | {r1['n_docs']} | {fmt(r1)} | "
@@ -229,6 +278,18 @@ def main() -> None:
             "not a causal effect). A divergence is a different text, not by itself a wrong "
             "answer."
         )
+    add("")
+    drops = []
+    for study, actions in (("study1", A1), ("study2", A2)):
+        a1 = _csv(HERE / study / "accuracy.csv")
+        for a in actions:
+            drops.append(f"{a} {fmt(row(a1, 'accuracy_drop', a))}")
+    add(
+        "What eviction costs in accuracy at T = 1, pooled (`accuracy_drop` = X − Y, pp, "
+        f"`studyN/accuracy.csv`): {'; '.join(drops)}. The greedy column is the better measure "
+        "of what the model can retrieve; sampling at T = 1 lowers it, and the estimands are "
+        "about the T = 1 paths."
+    )
     add("")
 
     add("## The estimands")
@@ -349,7 +410,12 @@ def main() -> None:
 
     add("## The paper's findings here")
     add("")
-    add("Each verdict says what the intervals above support, no more.")
+    add(
+        "Each bullet states one of the paper's findings (in bold) and then what this run's "
+        "intervals support about it here, no more: *holds* where the interval points the "
+        "paper's way and excludes the null, *not settled* where it covers the null, *reversed* "
+        "where it excludes the null the other way."
+    )
     add("")
     for b in ("snapkv-512", "recent-half"):
         c = f"{b} - snapkv-half"
@@ -364,9 +430,10 @@ def main() -> None:
             "is negative (its interval excludes 0)": "SnapKV-half diverges more often",
         }.get(sign_word(often), "which diverges more often is not settled")
         add(
-            f"- **SnapKV-half enters divergence later and less often than {b}.** {c}: mean "
-            f"entry time {fmt(entry, 1.0)} steps, {sign_word(entry)}: {later}; share of paths "
-            f"diverged by step {d1['H']} {fmt(often)} pp, {sign_word(often)}: {rarer}."
+            f"- **The paper: SnapKV-half enters divergence later and less often than {b}.** "
+            f"Here, {c}: mean entry time {fmt(entry, 1.0)} steps, {sign_word(entry)}: {later} "
+            f"({verdict(entry, -1)}); share of paths diverged by step {d1['H']} {fmt(often)} pp, "
+            f"{sign_word(often)}: {rarer} ({verdict(often, +1)})."
         )
     for table, c, label in ((s1, "snapkv-512 - snapkv-half", "study 1"),
                             (s1, "recent-half - snapkv-half", "study 1"),
@@ -375,30 +442,37 @@ def main() -> None:
         if _missing(share["ci_low"]):
             said = "has no interval"
         elif share["ci_low"] > 0.5:
-            said = "lies above one half: exposure carries most of the gap"
+            said = "lies above one half: exposure carries most of the gap (holds)"
         elif share["ci_high"] < 0.5:
-            said = "lies below one half: exposure does not carry most of the gap"
+            said = "lies below one half: exposure does not carry most of the gap (reversed)"
         else:
-            said = "covers one half: whether exposure carries most of the gap is not settled"
+            said = (
+                "covers one half: whether exposure carries most of the gap is not settled "
+                "(not settled)"
+            )
         add(
-            f"- **Exposure carries most of the gap ({label}, {c}).** The exposure share "
-            f"{fmt(share, digits=0)} (%) {said}."
+            f"- **The paper: exposure carries most of the gap.** Here ({label}, {c}), the "
+            f"exposure share {fmt(share, digits=0)} (%) {said}."
         )
     add(
-        f"- **Post-divergence disagreement stays high.** After divergence the texts still differ "
+        f"- **The paper: post-divergence disagreement stays high.** Here, after divergence the "
+        f"texts still differ "
         f"at C_H = {per(s1, 'C_H', A1)} (%, study 1; SnapKV-512 / SnapKV-half / recent-half); "
         f"saturation S_.99 is {per(s1, 'S_99', A1)} (%). The paper's C_H is 89.7–96.2% and its "
         "S_.99 44.9–82.5% (Llama and Qwen, study 1). Whether this counts as staying high is a "
         "matter of threshold; the numbers are lower than the paper's."
     )
-    for a in A2:
-        r = b2[a]
-        pre = row(s2, "branch_pre_contrast_B", a)
-        add(
-            f"- **Late-window branch TV exceeds early-window at 90% retention ({a}).** B(a) = "
-            f"{fmt(r)} pp at the family's {level(r)} {sign_word(r)}; before EOS, b^pre = "
-            f"{fmt(pre)} pp at {level(pre)} {sign_word(pre)}."
-        )
+    for table, actions, label in ((s2, A2, "study 2, at the family's level"),
+                                  (s1, A1, "study 1, pointwise")):  # fmt: skip
+        for a in actions:
+            r = row(table, "branch_contrast_B", a)
+            pre = row(table, "branch_pre_contrast_B", a)
+            add(
+                f"- **The paper: late-window branch TV exceeds early-window (B(a) > 0).** Here "
+                f"({label}, {a}): B(a) = {fmt(r)} pp at {level(r)} {sign_word(r)} "
+                f"({verdict(r, +1)}); before EOS, b^pre = {fmt(pre)} pp at {level(pre)} "
+                f"{sign_word(pre)} ({verdict(pre, +1)})."
+            )
     add("")
 
     add("## Predicted versus achieved precision")
@@ -446,8 +520,18 @@ def main() -> None:
         "pipeline's numbers for this setting, not a replication of the paper's models. The "
         "plans' notes say how many documents the planned precision would need."
     )
-    (HERE / "README.md").write_text("\n".join(out) + "\n", encoding="utf-8")
+    text = "\n".join(out) + "\n"
+    if check:
+        if (HERE / "README.md").read_text(encoding="utf-8") != text:
+            raise SystemExit(
+                "docs/cpu-study/README.md is not what make_readme.py writes from the files here"
+            )
+        return
+    (HERE / "README.md").write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--values-digest"]:
+        print(values_digest(Path(sys.argv[2])))
+    else:
+        main(check=sys.argv[1:2] == ["--check"])
