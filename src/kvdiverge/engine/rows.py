@@ -267,10 +267,10 @@ class _RowBatch:
         k = self.ks[unit]
         if base is None and self.in_order[member]:
             return values.index_select(0, batch_rows)
-        start = values.new_zeros((k, values.shape[-1]))
-        return (start if base is None else base).index_copy(
-            0, row_reps, values.index_select(0, batch_rows)
-        )
+        part = values.index_select(0, batch_rows)
+        if base is None:  # a fresh table of zeros, filled in place
+            return values.new_zeros((k, values.shape[-1])).index_copy_(0, row_reps, part)
+        return base.index_copy(0, row_reps, part)
 
     def start_z_rows(self, unit: int, j: int, new: torch.Tensor) -> None:
         """Z rows of unit ``unit``'s intervention j for replicates ``new``, from copies of their

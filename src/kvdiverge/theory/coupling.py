@@ -245,7 +245,7 @@ def maximal_coupling_step(
             rows = (~accept).nonzero()[:, 0]
             y = x.clone()
             if rows.numel():
-                residual = clip0(q[rows] - p[rows])
+                residual = (q[rows] - p[rows]).clamp_(min=0)  # in place: a fresh difference
                 y_res = inverse_cdf(residual, u2[rows])
                 y[rows] = where(residual.sum(-1) > 0, y_res, x[rows])
             return x, y
