@@ -31,6 +31,9 @@ Usage::
     python benchmarks/throughput.py                       # both models, both shapes
     python benchmarks/throughput.py --models smollm2 --shapes cpu-study --lengths 2048
     python benchmarks/throughput.py --sweep 48 96 192 384  # decode rate per row budget
+    # configs/compression.yaml's kinds of action (a selection, a quantized prompt, compression
+    # during decoding: streaming and kvpress's DecodingPress), each beside the control:
+    python benchmarks/throughput.py --models smollm2 --shapes compression --threads 1
     # the replication's shapes (H = 128, 4K and 8K prompts, study 1's and study 2's actions),
     # today's gathered prompt attention beside the chosen layout:
     python benchmarks/throughput.py --models smollm2 --shapes study1 study2 --lengths 4096 8192 \
@@ -89,6 +92,30 @@ STUDY2_ACTIONS = [
     parse_action({"selector": "recent", "budget": 0.9}, name="recent-90"),
     parse_action({"selector": "full"}, name="full"),
 ]
+# configs/compression.yaml's kinds of action, each beside the control in a job of its own
+# (--shapes compression): prompt selection, prompt transformation, compression during decoding
+_FULL = parse_action({"selector": "full"}, name="full")
+COMPRESSION_KINDS = {
+    "selection (snapkv-24)": parse_action({"selector": "snapkv", "budget": 0.24}, name="snapkv-24"),
+    "transformation (kivi-4bit)": parse_action(
+        {"selector": "quantize", "bits": 4, "group_size": 32, "residual": 32}, name="kivi-4bit"
+    ),
+    "decoding (streaming-192)": parse_action(
+        {"selector": "streaming", "sinks": 4, "window": 188}, name="streaming-192"
+    ),
+    "decoding (decoding-knorm)": parse_action(
+        {
+            "selector": "kvpress",
+            "press": "DecodingPress",
+            "press_kwargs": {
+                "base_press": "KnormPress",
+                "compression_interval": 8,
+                "target_size": 192,
+            },
+        },
+        name="decoding-knorm",
+    ),
+}
 GEMM = (2048, 576, 1536)
 
 
@@ -123,6 +150,11 @@ def shapes(
     out = []
     if "default" in names:  # config.yaml: 768-token strata, 2 dev + 2 study1 documents
         out.append(Shape("default", 768 - H, H, job_counts(3, 2, 2, 2, 2)))
+    if "compression" in names:  # configs/compression.yaml's kinds, each with the control
+        for kind, action in COMPRESSION_KINDS.items():
+            acts = (action, _FULL)
+            counts = job_counts(3, 2, 2, 2, 2, acts)
+            out.append(Shape(f"compression: {kind}", 768 - H, H, counts, acts))
     if "cpu-study" in names:  # configs/cpu-study.yaml: 2 dev + 3 study1 documents per stratum
         for n in lengths:
             out.append(Shape(f"cpu-study {n // 1024}K", n - H, H, job_counts(4, 2, 2, 2, 3)))
