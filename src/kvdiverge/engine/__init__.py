@@ -8,6 +8,8 @@
 * :mod:`kvdiverge.engine.document`: one document's rollouts under several actions;
 * :mod:`kvdiverge.engine.decoding_compression`: compression during decoding — each row's kept
   entries, re-compressed from its own history after each model call;
+* :mod:`kvdiverge.engine.batch_plan`: the plan of a job's model calls before any model loads
+  (numpy only): :func:`plan_batches` and the masked layout's threshold;
 * :mod:`kvdiverge.engine.batches`: many documents' rollouts with the rows of several documents
   in each model call (:func:`rollout_documents`, batches packed by :func:`plan_batches`);
 * :mod:`kvdiverge.engine.swrb_rollout`: SWRB replicates of one document;
@@ -31,15 +33,29 @@ plan against the job's device: ``max_batch_rows: auto`` sized to it).
 import importlib
 from typing import Any
 
-from kvdiverge.engine.attention import (
-    ATTENTION_NAME,
-    RowCache,
-    SharedPrefix,
-    shared_prefix_attention,
-)
-from kvdiverge.engine.batches import plan_batches, rollout_documents
-from kvdiverge.engine.document import reference_groups, rollout_document, rollout_document_actions
-from kvdiverge.engine.settings import COUPLING_MODES, DocumentRollout, RolloutSettings
+# name -> the module that defines it. Imported on first use, so that a check that needs no
+# torch (the Snakefile's parse-time checks through kvdiverge.engine.preflight) loads none.
+_HOMES = {
+    "ATTENTION_NAME": "attention",
+    "RowCache": "attention",
+    "SharedPrefix": "attention",
+    "shared_prefix_attention": "attention",
+    "plan_batches": "batches",
+    "rollout_documents": "batches",
+    "reference_groups": "document",
+    "rollout_document": "document",
+    "rollout_document_actions": "document",
+    "COUPLING_MODES": "settings",
+    "DocumentRollout": "settings",
+    "RolloutSettings": "settings",
+    "TIMING_KEYS": "rollout_job",
+    "document_rollouts": "rollout_job",
+    "rollout_documents_actions": "rollout_job",
+    "run_stratum_rollout_job": "rollout_job",
+    "select_documents": "rollout_job",
+    "select_job_documents": "rollout_job",
+    "trajectory_frame": "rollout_job",
+}
 
 __all__ = [
     "ATTENTION_NAME",
@@ -63,19 +79,13 @@ __all__ = [
     "trajectory_frame",
 ]
 
-_JOB_NAMES = (
-    "TIMING_KEYS",
-    "document_rollouts",
-    "rollout_documents_actions",
-    "run_stratum_rollout_job",
-    "select_documents",
-    "select_job_documents",
-    "trajectory_frame",
-)
-
 
 def __getattr__(name: str) -> Any:
-    """The rollout jobs' names (:mod:`kvdiverge.engine.rollout_job`), imported on first use."""
-    if name in _JOB_NAMES:
-        return getattr(importlib.import_module("kvdiverge.engine.rollout_job"), name)
+    """A public name of the engine, imported from its module (``_HOMES``) on first use."""
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"kvdiverge.engine.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'kvdiverge.engine' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from kvdiverge.engine.batch_plan import _Piece, plan_batches
 from kvdiverge.engine.document import _check_actions, _Document
 from kvdiverge.engine.memory import keep_freed_memory
 from kvdiverge.engine.rows import _rollout_units, _running_row_steps, _Unit
@@ -32,48 +32,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """A planned part of a batch: document ``doc``'s reference group ``group``, replicates
-    ``replicates`` (all of the group's, or a chunk), at most ``rows`` batch rows."""
-
-    doc: int
-    group: int
-    replicates: np.ndarray
-    rows: int
-
-
-def plan_batches(
-    rows_per_replicate: Sequence[Sequence[int]],
-    replicates: Sequence[Sequence[Sequence[int]]],
-    max_rows: int,
-) -> list[list[_Piece]]:
-    """Pack the documents' reference groups, in order, into batches of at most ``max_rows``
-    rows.
-
-    ``rows_per_replicate[d][g]`` and ``replicates[d][g]``: document d's group g. A group that
-    alone exceeds ``max_rows`` is cut into chunks of ``max_rows // rows_per_replicate``
-    replicates (at least one); pieces are added to the current batch while its rows fit,
-    else a new batch starts. The plan depends only on these arguments, so a rerun (or a resumed
-    job) runs the same batches.
-    """
-    batches: list[list[_Piece]] = [[]]
-    used = 0
-    for d, (per_group, reps_group) in enumerate(zip(rows_per_replicate, replicates, strict=True)):
-        for g, (per, reps) in enumerate(zip(per_group, reps_group, strict=True)):
-            reps = np.asarray(reps, dtype=np.int64)
-            chunk = max(1, max_rows // per)
-            for i in range(0, len(reps), chunk):
-                part = reps[i : i + chunk]
-                rows = per * len(part)
-                if batches[-1] and used + rows > max_rows:
-                    batches.append([])
-                    used = 0
-                batches[-1].append(_Piece(d, g, part, rows))
-                used += rows
-    return [batch for batch in batches if batch]
 
 
 def _unit_row_steps(arrays: Sequence[Mapping[str, np.ndarray]], unit: _Unit) -> int:

@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvdiverge.engine.batches import plan_batches
+from kvdiverge.engine.batch_plan import MASKED_MIN_FRACTION, plan_batches
 from kvdiverge.engine.preflight import PreflightError
-from kvdiverge.engine.settings import MASKED_MIN_FRACTION
 
 __all__ = [
     "CONTEXT_BYTES",

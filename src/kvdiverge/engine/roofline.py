@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvdiverge.engine.batch_plan import MASKED_MIN_FRACTION
 from kvdiverge.engine.memory_plan import ModelShape, job_kept, kv_bytes
-from kvdiverge.engine.settings import MASKED_MIN_FRACTION
 
 __all__ = [
     "DEVICES",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvdiverge.engine.batch_plan import MASKED_MIN_FRACTION
 from kvdiverge.theory.coupling import (
     Stream,
     crn_uniforms,
@@ -29,10 +30,6 @@ log = logging.getLogger(__name__)
 
 COUPLING_MODES = ("shared-reference", "independent")
 PROMPT_LAYOUTS = ("auto", "gathered", "masked")
-# ``prompt_attention="auto"``: an action keeping at least this fraction of the prompt (mean over
-# layers and KV heads) joins its document's masked pass over the full prompt; one keeping less
-# attends to its gathered entries (measured: benchmarks/README.md, "Prompt attention layouts")
-MASKED_MIN_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
