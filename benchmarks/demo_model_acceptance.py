@@ -12,7 +12,7 @@ Prints, per demo model of configs/tiny.yaml:
 2. the same on the default's own RULER documents (all cohorts, materialized exactly as rule
    materialize_documents does; never seen in training: other seeds);
 3. divergence timing of full vs snapkv-half vs recent-half from coupled rollouts
-   (kvdiverge.engine.rollout_document) on held-out needle documents and on the default's RULER
+   (kvdiverge.engine.paths_under_action) on held-out needle documents and on the default's RULER
    documents: pooled P(τ ≤ t) for t = 4, 8, H, mean δ_t and E[δ_2] (δ_1 = 0: eviction
    follows the first token) — documents weigh equally.
 
@@ -36,7 +36,7 @@ from kvdiverge.config import validate_config
 from kvdiverge.datasets import DatasetsConfig, materialize_stratum
 from kvdiverge.datasets.fitting import derive_seed
 from kvdiverge.datasets.ruler import RULER_TASKS
-from kvdiverge.engine import RolloutSettings, rollout_document
+from kvdiverge.engine import RolloutSettings, paths_under_action
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
 from kvdiverge.models.training import TrainingSample, evaluate_answers, heldout_samples
 
@@ -178,7 +178,7 @@ def divergence(model, tokenizer, eos, samples, actions, K, H, seed, name) -> Non
         for i, sample in enumerate(samples):
             ids = chat_prompt_ids(tokenizer, sample.prompt)
             spec = {"name": action_name, **action}
-            r = rollout_document(
+            r = paths_under_action(
                 model, ids, spec, f"acceptance/{name}/{i}", K, eos, RolloutSettings(H, seed)
             )
             mismatch = r.x_token != r.y_token

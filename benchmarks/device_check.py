@@ -59,8 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from engine_reference import law_differences  # noqa: E402
 
 from kvdiverge.engine import RolloutSettings, kernels  # noqa: E402
-from kvdiverge.engine.batches import rollout_documents  # noqa: E402
-from kvdiverge.engine.document import rollout_document  # noqa: E402
+from kvdiverge.engine.batches import batched_paths  # noqa: E402
+from kvdiverge.engine.document import paths_under_action  # noqa: E402
 from kvdiverge.engine.memory_plan import KNOWN_CONFIGS, ModelShape, job_kept, plan_job  # noqa: E402
 from kvdiverge.engine.roofline import (  # noqa: E402
     DEVICES,
@@ -157,7 +157,7 @@ def law_check(name: str, device: str, dtype: torch.dtype, smoke: bool) -> dict:
     action = parse_action({"selector": "snapkv", "budget": 0.5, "window": 32}, name="snapkv-half")
     full = parse_action({"selector": "full"}, name="full")
     settings = RolloutSettings(8, 5, keep_logits=True)
-    r = rollout_document(model, ids, action, "check", 2, EOS, settings)
+    r = paths_under_action(model, ids, action, "check", 2, EOS, settings)
     kept, everything = kept_positions(model, ids, action), kept_positions(model, ids, full)
     worst = dict.fromkeys(("p", "q", "q_fixed"), 0.0)
     for k in range(2):
@@ -198,7 +198,7 @@ def study1_check(
     settings = RolloutSettings(H, 1, max_batch_rows=rows)
     sync(device)
     start = time.perf_counter()
-    results = list(rollout_documents(model, docs, actions, EOS, settings))
+    results = list(batched_paths(model, docs, actions, EOS, settings))
     sync(device)
     total = time.perf_counter() - start
     prefill = np.mean([next(iter(r.values())).prefill_seconds for _, r in results])

@@ -42,7 +42,7 @@ def _run(model, prompts, K: int, H: int, eos: list[int], drop: bool) -> tuple[fl
     seconds, results = 0.0, []
     for j, ids in enumerate(prompts):
         start = time.perf_counter()
-        out = engine.rollout_document_actions(
+        out = engine.paths_under_actions(
             model, ids, ACTIONS, f"doc-{j}", K, eos, RolloutSettings(H, 1, drop_ended=drop)
         )
         seconds += time.perf_counter() - start

@@ -4,7 +4,7 @@ Both run the same coupled sampler (`docs/method.md`, "The coupled pair" and "Com
 numbers": stepwise maximal coupling with common random numbers, δ_t and f_t every step) on the
 same tiny demo model and prompt, after one shared prefill and the same SnapKV-half eviction:
 
-* engine (``kvdiverge.engine.rollout_document``; `docs/architecture.md`, "Coupled decoding"):
+* engine (``kvdiverge.engine.paths_under_action``; `docs/architecture.md`, "Coupled decoding"):
   all K replicates' streams in one batch per step over a shared prompt cache (X and Y rows, and
   a Z row once a replicate's histories split);
 * baseline: per replicate, its own copy of the full cache (X) and of the evicted cache (Y, Z)
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvdiverge.engine import RolloutSettings, rollout_document, rollout_document_actions
+from kvdiverge.engine import RolloutSettings, paths_under_action, paths_under_actions
 from kvdiverge.eviction import parse_action, run_prefill, select_positions
 from kvdiverge.models import build_demo_model, eos_token_ids, load_model, load_tokenizer
 from kvdiverge.theory.coupling import Stream, crn_uniforms, document_key, maximal_coupling_step, tv
@@ -151,7 +151,7 @@ def _study(model_dir: str, n: int, K: int, H: int, device: str, rounds: int) -> 
     rows = 7 * K  # X, and Y and Z for each of the three evicting actions
 
     def job() -> dict:
-        return rollout_document_actions(
+        return paths_under_actions(
             model,
             ids,
             STUDY_ACTIONS,
@@ -164,7 +164,7 @@ def _study(model_dir: str, n: int, K: int, H: int, device: str, rounds: int) -> 
 
     def separate() -> dict:
         return {
-            a.name: rollout_document(
+            a.name: paths_under_action(
                 model,
                 ids,
                 a,
@@ -222,7 +222,7 @@ def _cell(model_dir: str, n: int, K: int, H: int, device: str, rounds: int) -> d
     selection_seconds = _clock(dev) - start
 
     def engine() -> tuple[np.ndarray, float]:  # decode seconds as the engine measures them
-        r = rollout_document(
+        r = paths_under_action(
             model,
             ids,
             ACTION,

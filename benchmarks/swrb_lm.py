@@ -3,7 +3,7 @@
 For each model (SmolLM2-135M-Instruct in float32, the tiny Llama demo model) and each action
 (study 1's ``snapkv-512`` and ``recent-512`` on ~768-token prompts, study 2's ``snapkv-90`` and
 ``recent-90``), every document runs K naive coupled rollouts
-(:func:`kvdiverge.engine.document.rollout_document_actions`) and K SWRB replicates
+(:func:`kvdiverge.engine.document.paths_under_actions`) and K SWRB replicates
 (:func:`kvdiverge.engine.swrb_rollout.swrb_rollout_document`) on one shared prefill. Per estimand
 (R_SMC, O_H, Π_H, the divergence CDF at t = 8, 32 and H) it reports:
 
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import document_prompts  # noqa: E402
 
 from kvdiverge.analysis.swrb import naive_replicate_values, swrb_replicate_values  # noqa: E402
-from kvdiverge.engine import RolloutSettings, rollout_document_actions  # noqa: E402
+from kvdiverge.engine import RolloutSettings, paths_under_actions  # noqa: E402
 from kvdiverge.engine.swrb_rollout import swrb_rollout_document  # noqa: E402
 from kvdiverge.eviction import parse_action, run_prefill  # noqa: E402
 from kvdiverge.models import eos_token_ids, load_model, load_tokenizer  # noqa: E402
@@ -88,7 +88,7 @@ def run_model(
         doc_id = f"bench/{name}/{d}"
         prefill = run_prefill(model, ids, actions=ACTIONS)
         start = time.perf_counter()
-        naive = rollout_document_actions(
+        naive = paths_under_actions(
             model,
             ids,
             ACTIONS,

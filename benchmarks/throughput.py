@@ -4,7 +4,7 @@ For a model (SmolLM2-135M-Instruct, the tiny Llama demo model) and a job shape (
 study 1's four actions, K = 3, K_dev = K_control = 2, H = 32, two development and two
 evaluation documents of ~768 tokens; the CPU study's: K = 4, prompts of 1K/2K/4K tokens, two
 development and three evaluation documents), it runs one rollout job's documents through
-``kvdiverge.engine.batches.rollout_documents`` (the rows of several documents in each model call)
+``kvdiverge.engine.batches.batched_paths`` (the rows of several documents in each model call)
 and
 reports, side by side with the big-GEMM rate measured in the same process just before and after
 (a 2048×576×1536 float32 matmul, the model's MLP shape):
@@ -75,7 +75,7 @@ import roofline  # noqa: E402
 
 import kvdiverge.engine.attention as attention  # noqa: E402
 import kvdiverge.engine.rows as decode  # noqa: E402
-from kvdiverge.engine import RolloutSettings, rollout_documents  # noqa: E402
+from kvdiverge.engine import RolloutSettings, batched_paths  # noqa: E402
 from kvdiverge.eviction import parse_action, run_prefill  # noqa: E402
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer  # noqa: E402
 
@@ -325,7 +325,7 @@ def prefill_flops(counter: FlopCounter, n: int) -> float:
 def measure_job(
     model, docs, eos, settings, counter: FlopCounter, actions=ACTIONS, timer=None
 ) -> dict:
-    """The job's documents through ``rollout_documents``: the prefills as the engine times them
+    """The job's documents through ``batched_paths``: the prefills as the engine times them
     (with the actions' window queries); decode seconds are the wall time less the prefills and
     selections. ``timer``: a ``roofline.PartTimer`` timing every part as well."""
     counter.flops = counter.rows = counter.calls = 0
@@ -334,7 +334,7 @@ def measure_job(
         timer.reset()
     start = clock()
     with counter, timer if timer is not None else contextlib.nullcontext():
-        results = dict(rollout_documents(model, docs, actions, eos, settings))
+        results = dict(batched_paths(model, docs, actions, eos, settings))
     wall = clock() - start
     first = [next(iter(r.values())) for r in results.values()]
     prefill = sum(f.prefill_seconds for f in first)

@@ -42,7 +42,7 @@ def reference_logits(model, ids, kept, tokens) -> torch.Tensor:
 def law_differences(model, ids, kept, everything, rollout, replicate: int) -> dict[str, float]:
     """Largest |engine − plain| next-token probability of one replicate, per stream.
 
-    ``rollout``: a :class:`kvdiverge.engine.DocumentRollout` with logits (``keep_logits``);
+    ``rollout``: a :class:`kvdiverge.engine.ActionPaths` with logits (``keep_logits``);
     ``kept``/``everything``: the action's and the full kept positions. The streams: P on X's
     history over the full cache, Q on Y's and Q on X's history over the kept cache.
     """

@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from kvdiverge.engine import RolloutSettings, rollout_document
+from kvdiverge.engine import RolloutSettings, paths_under_action
 from kvdiverge.eviction import parse_action
 from kvdiverge.io.trajectories import read_trajectory_metadata
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
@@ -87,7 +87,7 @@ def test_the_engine_decodes_with_the_tempered_kernels(demo):
     deltas = {}
     for T in (0.5, 1.0):
         settings = RolloutSettings(H=4, seed=3, keep_logits=True, temperature=T)
-        r = rollout_document(model, ids, RECENT, "doc", 3, eos, settings)
+        r = paths_under_action(model, ids, RECENT, "doc", 3, eos, settings)
         p = merge_eos(tempered_kernel(torch.from_numpy(r.logits["p"]), T), eos)
         q = merge_eos(tempered_kernel(torch.from_numpy(r.logits["q"]), T), eos)
         np.testing.assert_allclose(r.tv_rollout, tv(p, q).numpy(), rtol=1e-5, atol=1e-7)
@@ -99,8 +99,8 @@ def test_greedy_reference_equals_the_models_greedy_generate(demo):
     model, _, ids, eos = demo
     H = 12
     settings = RolloutSettings(H=H, seed=5, temperature=0)
-    r = rollout_document(model, ids, RECENT, "doc", 2, eos, settings)
-    again = rollout_document(
+    r = paths_under_action(model, ids, RECENT, "doc", 2, eos, settings)
+    again = paths_under_action(
         model, ids, RECENT, "doc", 2, eos, RolloutSettings(H=H, seed=99, temperature=0)
     )
     assert np.array_equal(r.x_token[0], r.x_token[1])  # every replicate the same path

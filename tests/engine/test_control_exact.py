@@ -21,7 +21,7 @@ import transformers
 
 from kvdiverge.engine import RolloutSettings
 from kvdiverge.engine.attention import SharedPrefix, shared_prefix_attention
-from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.engine.batches import batched_paths
 from kvdiverge.eviction import parse_action
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
 
@@ -85,7 +85,7 @@ def test_control_exact_when_K_and_K_control_differ(tiny_llama, K, K_control, see
     counts = {a.name: K_control if a.name == "full" else K for a in actions}
     documents = [(doc_id, ids, counts) for doc_id, ids in prompts]
     ended = 0
-    for _, results in rollout_documents(model, documents, actions, eos, RolloutSettings(32, seed)):
+    for _, results in batched_paths(model, documents, actions, eos, RolloutSettings(32, seed)):
         control = results["full"]
         assert control.x_token.shape == (K_control, 32)
         assert np.array_equal(control.x_token, control.y_token)

@@ -16,8 +16,8 @@ import pytest
 import torch
 import transformers
 
-from kvdiverge.engine import RolloutSettings, rollout_document_actions
-from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.engine import RolloutSettings, paths_under_actions
+from kvdiverge.engine.batches import batched_paths
 from kvdiverge.eviction import ActionError, DecodingCompressor, parse_action
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
 
@@ -157,7 +157,7 @@ def test_laws_equal_plain_forward_with_the_same_compressed_cache(demo, entry, ru
     model, ids, eos = demo
     H, K = 24, 3
     assert len(ids) > SINKS + WINDOW
-    out = rollout_document_actions(
+    out = paths_under_actions(
         model, ids, [entry, FULL], "doc-d", K, eos, RolloutSettings(H, 5, keep_logits=True)
     )
     r, full = out[entry["name"]], out["full"]
@@ -175,9 +175,7 @@ def test_a_compressor_that_never_evicts_is_the_full_control(demo):
     as the full control."""
     model, ids, eos = demo
     wide = {"name": "wide", "selector": "streaming", "sinks": 4, "window": len(ids) + 64}
-    out = rollout_document_actions(
-        model, ids, [wide, FULL], "doc-w", 3, eos, RolloutSettings(16, 2)
-    )
+    out = paths_under_actions(model, ids, [wide, FULL], "doc-w", 3, eos, RolloutSettings(16, 2))
     for name in ("wide", "full"):
         assert np.all(out[name].tv_rollout == 0) and np.all(out[name].tv_fixed == 0), name
         assert np.array_equal(out[name].x_token, out[name].y_token)
@@ -188,7 +186,7 @@ def test_rows_that_diverge_keep_different_entries(demo):
     prompt, keep different positions (the rule reads each row's own keys)."""
     model, ids, eos = demo
     LOG.clear()
-    out = rollout_document_actions(model, ids, [LARGEST], "doc-r", 4, eos, RolloutSettings(20, 1))
+    out = paths_under_actions(model, ids, [LARGEST], "doc-r", 4, eos, RolloutSettings(20, 1))
     r = out["largest"]
     assert (r.x_token != r.y_token).any()  # some replicate's Y left X's path
     by_call: dict[tuple[int, int], set] = {}
@@ -205,7 +203,7 @@ def test_bytes_per_row(demo):
     config = model.config
     n_kv, d, layers = config.num_key_value_heads, config.head_dim, config.num_hidden_layers
     H, K = 12, 2
-    out = rollout_document_actions(model, ids, [STREAM], "doc-b", K, eos, RolloutSettings(H, 0))
+    out = paths_under_actions(model, ids, [STREAM], "doc-b", K, eos, RolloutSettings(H, 0))
     held = out["stream"].cache_bytes
     entry = n_kv * 2 * d * 4
     assert held["start"] == [len(ids) * entry] * layers
@@ -219,11 +217,9 @@ def test_batched_documents_equal_one_document_runs(demo):
     model, ids, eos = demo
     settings = RolloutSettings(14, 4)
     docs = [("d0", ids, 2), ("d1", ids[: len(ids) - 9], 2)]
-    batched = dict(rollout_documents(model, docs, [LARGEST, STREAM, FULL], eos, settings))
+    batched = dict(batched_paths(model, docs, [LARGEST, STREAM, FULL], eos, settings))
     for doc_id, prompt, K in docs:
-        one = rollout_document_actions(
-            model, prompt, [LARGEST, STREAM, FULL], doc_id, K, eos, settings
-        )
+        one = paths_under_actions(model, prompt, [LARGEST, STREAM, FULL], doc_id, K, eos, settings)
         for name in ("largest", "stream", "full"):
             assert np.array_equal(batched[doc_id][name].y_token, one[name].y_token), name
             assert np.allclose(batched[doc_id][name].tv_rollout, one[name].tv_rollout, atol=1e-6)
@@ -268,7 +264,7 @@ def test_bad_compressor_refused_in_one_line(demo, cls, message):
     model, ids, eos = demo
     action = {"name": "bad", "selector": f"test_decoding_compression:{cls}"}
     with pytest.raises(ActionError) as info:
-        rollout_document_actions(model, ids, [action], "doc-x", 2, eos, RolloutSettings(8, 0))
+        paths_under_actions(model, ids, [action], "doc-x", 2, eos, RolloutSettings(8, 0))
     text = str(info.value)
     assert text.startswith("action 'bad': selector 'test_decoding_compression:") and message in text
     assert "\n" not in text

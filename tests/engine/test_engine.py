@@ -22,12 +22,12 @@ from kvdiverge.analysis.control import check_full_retention_control
 from kvdiverge.analysis.planning import cost_from_timing, read_timing
 from kvdiverge.engine import (
     RolloutSettings,
+    paths_under_action,
+    paths_under_actions,
     reference_groups,
-    rollout_document,
-    rollout_document_actions,
-    rollout_documents_actions,
     run_stratum_rollout_job,
     trajectory_frame,
+    trajectory_tables,
 )
 from kvdiverge.engine.kernels import math_attention
 from kvdiverge.eviction import kept_positions, parse_action, run_prefill
@@ -73,7 +73,7 @@ def demo(demo_path):
 def test_distributions_equal_plain_forward_before_and_after_divergence(demo):
     model, _, ids, eos = demo
     H, K = 24, 4
-    r = rollout_document(
+    r = paths_under_action(
         model, ids, SNAPKV_HALF, "doc-a", K, eos, RolloutSettings(H, 5, keep_logits=True)
     )
     kept = kept_positions(model, ids, SNAPKV_HALF)
@@ -96,12 +96,12 @@ def test_distributions_equal_plain_forward_before_and_after_divergence(demo):
 
 def test_first_step_and_full_control(demo):
     model, _, ids, eos = demo
-    r = rollout_document(model, ids, RECENT_HALF, "doc-b", 6, eos, RolloutSettings(16, 1))
+    r = paths_under_action(model, ids, RECENT_HALF, "doc-b", 6, eos, RolloutSettings(16, 1))
     assert np.all(r.tv_rollout[:, 0] == 0) and np.all(r.tv_fixed[:, 0] == 0)  # δ_1 = f_1 = 0
     assert np.all(r.x_token[:, 0] == r.y_token[:, 0])
     assert r.tv_rollout[:, 1:].max() > 0
     # the control runs its own rows over the gathered full cache: P and Q agree to rounding
-    full = rollout_document(model, ids, FULL, "doc-b", 6, eos, RolloutSettings(16, 1))
+    full = paths_under_action(model, ids, FULL, "doc-b", 6, eos, RolloutSettings(16, 1))
     assert full.tv_rollout.max() < 1e-5 and full.tv_fixed.max() < 1e-5
     assert np.array_equal(full.x_token, full.y_token)
     assert full.n_kept == full.n_prompt == len(ids)
@@ -110,12 +110,12 @@ def test_first_step_and_full_control(demo):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        exact = rollout_document(model, ids, FULL, "doc-b", 6, eos, RolloutSettings(16, 1))
+        exact = paths_under_action(model, ids, FULL, "doc-b", 6, eos, RolloutSettings(16, 1))
     finally:
         torch.set_num_threads(threads)
     assert np.all(exact.tv_rollout == 0) and np.all(exact.tv_fixed == 0)
     # the benchmarks' shortcut: Q := P, no rows of its own
-    shortcut = rollout_document(
+    shortcut = paths_under_action(
         model, ids, FULL, "doc-b", 6, eos, RolloutSettings(16, 1, identity_shortcut=True)
     )
     assert np.all(shortcut.tv_rollout == 0) and np.all(shortcut.tv_fixed == 0)
@@ -126,36 +126,38 @@ def test_first_step_and_full_control(demo):
 def test_reference_is_shared_across_actions_and_reruns_are_bit_identical(demo):
     model, _, ids, eos = demo
     runs = {
-        a["name"]: rollout_document(model, ids, a, "doc-c", 5, eos, RolloutSettings(20, 9))
+        a["name"]: paths_under_action(model, ids, a, "doc-c", 5, eos, RolloutSettings(20, 9))
         for a in (SNAPKV_HALF, RECENT_HALF, FULL)
     }
     x = runs["full"].x_token
     for r in runs.values():
         assert np.array_equal(r.x_token, x)
-    again = rollout_document(model, ids, SNAPKV_HALF, "doc-c", 5, eos, RolloutSettings(20, 9))
+    again = paths_under_action(model, ids, SNAPKV_HALF, "doc-c", 5, eos, RolloutSettings(20, 9))
     for field in ("x_token", "y_token", "tv_rollout", "tv_fixed", "x_eos", "y_eos"):
         assert np.array_equal(getattr(again, field), getattr(runs["snapkv-half"], field))
     # a different seed or document changes the reference; independent coupling decouples actions
-    other = rollout_document(model, ids, FULL, "doc-d", 5, eos, RolloutSettings(20, 9))
+    other = paths_under_action(model, ids, FULL, "doc-d", 5, eos, RolloutSettings(20, 9))
     assert not np.array_equal(other.x_token, x)
     indep = {
-        a["name"]: rollout_document(
+        a["name"]: paths_under_action(
             model, ids, a, "doc-c", 5, eos, RolloutSettings(20, 9, coupling="independent")
         )
         for a in (SNAPKV_HALF, RECENT_HALF)
     }
     assert not np.array_equal(indep["snapkv-half"].x_token, indep["recent-half"].x_token)
     with pytest.raises(ValueError, match="coupling"):
-        rollout_document(model, ids, FULL, "d", 1, eos, RolloutSettings(4, 9, coupling="shared"))
+        paths_under_action(model, ids, FULL, "d", 1, eos, RolloutSettings(4, 9, coupling="shared"))
 
 
 def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch):
     model, _, ids, eos = demo
-    whole = rollout_document(model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2))
-    small = rollout_document(
+    whole = paths_under_action(model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2))
+    small = paths_under_action(
         model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2, max_batch_rows=6)
     )
-    subset = rollout_document(model, ids, SNAPKV_HALF, "doc-e", [4, 5], eos, RolloutSettings(12, 2))
+    subset = paths_under_action(
+        model, ids, SNAPKV_HALF, "doc-e", [4, 5], eos, RolloutSettings(12, 2)
+    )
     assert np.array_equal(small.x_token, whole.x_token)
     assert np.array_equal(small.y_token, whole.y_token)
     # other batch sizes may take other matrix kernels (rounding), not other laws
@@ -172,7 +174,7 @@ def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch
         return real_chunk(*args, **kwargs)
 
     monkeypatch.setattr(document_module, "_rollout_chunk", fake_oom)
-    split = rollout_document(model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2))
+    split = paths_under_action(model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2))
     assert sizes[0] == 6 and sizes.count(6) == 1
     assert sum(size for size in sizes if size <= 2) == 6  # the chunks that ran cover K once
     assert split.batch_rows == 3 * 2  # later documents start from the size that fitted
@@ -183,9 +185,9 @@ def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch
 def test_eos_is_absorbing(demo):
     model, _, ids, _ = demo
     # Make frequent tokens "EOS" so that both sequences end inside the horizon.
-    probe = rollout_document(model, ids, FULL, "doc-f", 8, [0], RolloutSettings(16, 4))
+    probe = paths_under_action(model, ids, FULL, "doc-f", 8, [0], RolloutSettings(16, 4))
     common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
-    r = rollout_document(model, ids, RECENT_HALF, "doc-f", 8, common, RolloutSettings(32, 4))
+    r = paths_under_action(model, ids, RECENT_HALF, "doc-f", 8, common, RolloutSettings(32, 4))
     assert r.x_eos[:, -1].any() and r.y_eos[:, -1].any()
     for k in range(8):
         for tokens, ended in ((r.x_token[k], r.x_eos[k]), (r.y_token[k], r.y_eos[k])):
@@ -206,7 +208,7 @@ def test_several_eos_ids_are_one_outcome(demo):
     specs = [SNAPKV_HALF, RECENT_HALF, FULL]
     # EOS ids: the most common token of X and of each action's Y (then X's next ones, up to
     # four), so that every action's sequences end within the horizon on any machine's rounding
-    probe = rollout_document_actions(model, ids, specs, "doc-f", 8, [0], RolloutSettings(16, 4))
+    probe = paths_under_actions(model, ids, specs, "doc-f", 8, [0], RolloutSettings(16, 4))
     by_x = np.bincount(probe["full"].x_token[:, 1:].ravel()).argsort()[::-1].tolist()
     common: list[int] = []
     for tokens in [probe["full"].x_token, *(r.y_token for r in probe.values())]:
@@ -215,7 +217,7 @@ def test_several_eos_ids_are_one_outcome(demo):
     common += [t for t in by_x if t not in common][: max(0, 4 - len(common))]
     orders = [common, common[::-1], [common[2], common[0], common[3], common[1]]]
     runs = [
-        rollout_document_actions(model, ids, specs, "doc-f", 8, order, RolloutSettings(32, 4))
+        paths_under_actions(model, ids, specs, "doc-f", 8, order, RolloutSettings(32, 4))
         for order in orders
     ]
     fields = ("x_token", "y_token", "tv_rollout", "tv_fixed", "x_eos", "y_eos")
@@ -230,7 +232,7 @@ def test_several_eos_ids_are_one_outcome(demo):
         assert np.all(r.y_token[r.y_eos] == min(common))
         assert not np.any((r.x_token != r.y_token) & r.x_eos & r.y_eos)
     # the merged outcome is not the first id's alone: a run that knows only one id differs
-    alone = rollout_document(
+    alone = paths_under_action(
         model, ids, RECENT_HALF, "doc-f", 8, common[:1], RolloutSettings(32, 4)
     )
     assert not np.array_equal(alone.x_eos, runs[0]["recent-half"].x_eos)
@@ -263,7 +265,7 @@ def test_coupling_frequencies_match_exact_law(tiny_vocab_model):
     ids = torch.randint(0, 6, (80,), generator=torch.Generator().manual_seed(1)).tolist()
     action = {"name": "s", "selector": "snapkv", "budget": 24, "window": 16}
     n_rep = 6000
-    r = rollout_document(
+    r = paths_under_action(
         model, ids, action, "tiny", n_rep, [5], RolloutSettings(2, 3, max_batch_rows=3 * n_rep)
     )
     kept = kept_positions(model, ids, action)
@@ -298,7 +300,7 @@ def test_trajectory_parquet_round_trip_and_malformed_file(demo, tmp_path):
     model, tok, _, eos = demo
     docs = [("d/0", PROMPT, 3), ("d/1", PROMPT[::-1], 2)]
     docs = [(doc_id, prompt, {SNAPKV_HALF["name"]: k}) for doc_id, prompt, k in docs]
-    frame = rollout_documents_actions(model, tok, docs, [SNAPKV_HALF], eos, RolloutSettings(8, 1))[
+    frame = trajectory_tables(model, tok, docs, [SNAPKV_HALF], eos, RolloutSettings(8, 1))[
         SNAPKV_HALF["name"]
     ]
     assert frame.height == (3 + 2) * 8
@@ -354,7 +356,7 @@ def test_prompt_cache_is_shared_not_copied(demo, monkeypatch):
     try:
         pre = run_prefill(model, ids, 32)
         settings = RolloutSettings(6, 1, prompt_attention="gathered")
-        rollout_document(model, ids, SNAPKV_HALF, "doc-g", 7, eos, settings, prefill=pre)
+        paths_under_action(model, ids, SNAPKV_HALF, "doc-g", 7, eos, settings, prefill=pre)
     finally:
         interface[attention.ATTENTION_NAME] = previous
     n, n_kv = len(ids), model.config.num_key_value_heads
@@ -378,11 +380,11 @@ def test_attention_paths_agree(demo, monkeypatch):
     scores = (q @ k.transpose(-1, -2)) * 0.25
     torch.testing.assert_close(out, scores.softmax(-1) @ v, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-6, rtol=1e-6)
-    fused = rollout_document(
+    fused = paths_under_action(
         model, ids, SNAPKV_HALF, "doc-h", 3, eos, RolloutSettings(12, 1, keep_logits=True)
     )
     monkeypatch.setattr(kernel_reference, "_MAX_SCORES", 4096)  # also exercise the query chunking
-    plain = rollout_document(
+    plain = paths_under_action(
         model,
         ids,
         SNAPKV_HALF,
@@ -512,7 +514,7 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows
     assert len({salt for salt, _, _ in independent}) == 3
 
     counts = {name: len(r) for name, r in reps.items()}
-    out = rollout_document_actions(model, ids, specs, "doc-m", counts, eos, RolloutSettings(12, 3))
+    out = paths_under_actions(model, ids, specs, "doc-m", counts, eos, RolloutSettings(12, 3))
 
     def z_rows(r) -> np.ndarray:  # per decoding step: the Z rows of the split replicates
         return np.logical_or.accumulate(r.x_token != r.y_token, axis=1)[:, :11].sum(axis=0)
@@ -523,7 +525,7 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows
     # control's X and its own Y rows (over the gathered full cache; no split, so no Z rows)
     assert np.array_equal(out["full"].x_token, out["full"].y_token)
     assert call_rows == (4 + 4 + 4 + z).tolist() + [2 + 2] * 11
-    alone = rollout_document(model, ids, specs[0], "doc-m", 4, eos, RolloutSettings(12, 3))
+    alone = paths_under_action(model, ids, specs[0], "doc-m", 4, eos, RolloutSettings(12, 3))
     for field in ("x_token", "y_token", "x_eos", "y_eos"):
         assert np.array_equal(getattr(out["snapkv-half"], field), getattr(alone, field))
     for field in ("tv_rollout", "tv_fixed"):  # another batch: equal to rounding
@@ -532,9 +534,7 @@ def test_reference_groups_and_batches_of_a_multi_action_document(demo, call_rows
         )
     assert np.array_equal(out["full"].x_token, out["snapkv-half"].x_token[:2])
     with pytest.raises(ValueError, match="no replicate count for action.s. recent-half, full"):
-        rollout_document_actions(
-            model, ids, specs, "d", {"snapkv-half": 1}, eos, RolloutSettings(4, 1)
-        )
+        paths_under_actions(model, ids, specs, "d", {"snapkv-half": 1}, eos, RolloutSettings(4, 1))
 
 
 def test_rollout_job_records_measured_timing_in_metadata(demo_path, tmp_path):
@@ -566,14 +566,12 @@ def test_ended_rows_leave_the_batch(demo, call_rows):
     changing the rollouts: the same tokens and EOS flags as a run that keeps every row
     (``keep_logits``), δ and f equal to float rounding."""
     model, _, ids, _ = demo
-    probe = rollout_document(model, ids, FULL, "doc-e", 8, [0], RolloutSettings(16, 4))
+    probe = paths_under_action(model, ids, FULL, "doc-e", 8, [0], RolloutSettings(16, 4))
     common = np.bincount(probe.x_token[:, 1:].ravel()).argsort()[::-1][:4].tolist()
     call_rows.clear()  # (the probe's calls)
     specs = [parse_action(RECENT_HALF), parse_action(SNAPKV_HALF)]
-    dropping = rollout_document_actions(
-        model, ids, specs, "doc-e", 8, common, RolloutSettings(32, 4)
-    )
-    kept = rollout_document_actions(
+    dropping = paths_under_actions(model, ids, specs, "doc-e", 8, common, RolloutSettings(32, 4))
+    kept = paths_under_actions(
         model, ids, specs, "doc-e", 8, common, RolloutSettings(32, 4, keep_logits=True)
     )
     for name in ("recent-half", "snapkv-half"):

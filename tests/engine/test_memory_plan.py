@@ -155,7 +155,7 @@ transformers.utils.logging.disable_progress_bar()
 torch.set_num_threads(1)
 from transformers import AutoConfig, AutoModelForCausalLM
 from kvdiverge.engine import RolloutSettings
-from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.engine.batches import batched_paths
 from kvdiverge.engine.memory import keep_freed_memory
 from kvdiverge.eviction import parse_action
 
@@ -170,7 +170,7 @@ def docs(lengths):
     return [(f"d{i}", torch.randint(5, V, (n,), generator=gen).tolist(), args["K"])
             for i, n in enumerate(lengths)]
 warm = RolloutSettings(4, 1, max_batch_rows=args["rows"])
-for _ in rollout_documents(model, docs([300]), actions, [0], warm):
+for _ in batched_paths(model, docs([300]), actions, [0], warm):
     pass  # the kernels built and validated, the lazy state made
 import threading
 
@@ -186,7 +186,7 @@ def watch():
 watcher = threading.Thread(target=watch)
 watcher.start()
 settings = RolloutSettings(args["H"], 1, max_batch_rows=args["rows"])
-for _ in rollout_documents(model, docs(args["lengths"]), actions, [0], settings):
+for _ in batched_paths(model, docs(args["lengths"]), actions, [0], settings):
     pass
 done.set()
 watcher.join()

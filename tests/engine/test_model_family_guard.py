@@ -18,7 +18,7 @@ import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, Qwen2Config
 
 from kvdiverge.cli import main
-from kvdiverge.engine import RolloutSettings, rollout_document_actions
+from kvdiverge.engine import RolloutSettings, paths_under_actions
 from kvdiverge.engine.families import (
     UnsupportedAttentionError,
     attention_config_problem,
@@ -164,7 +164,7 @@ def _greedy(folder: Path, H: int = 8):
     return (
         model,
         ids,
-        lambda: rollout_document_actions(
+        lambda: paths_under_actions(
             model, ids, [full], "doc", 1, eos_token_ids(model, tok), settings
         )["full"],
     )

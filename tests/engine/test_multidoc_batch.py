@@ -1,8 +1,8 @@
-"""Several documents in one model call (kvdiverge.engine.batches: rollout_documents, plan_batches).
+"""Several documents in one model call (kvdiverge.engine.batches: batched_paths, plan_batches).
 
 A batch holds the rows of several documents, each with its own prompt groups (full and evicted
 caches), positions and common random numbers. Every document's results must equal its
-one-document run (rollout_document_actions) to float rounding: the same tokens and EOS flags,
+one-document run (paths_under_actions) to float rounding: the same tokens and EOS flags,
 δ and f within 1e-5; the laws must equal a plain transformers forward; reruns are bit-identical.
 """
 
@@ -18,9 +18,9 @@ import kvdiverge.engine.batches as batches_module
 import kvdiverge.engine.rows as rows_module
 from kvdiverge.engine import (
     RolloutSettings,
+    batched_paths,
+    paths_under_actions,
     plan_batches,
-    rollout_document_actions,
-    rollout_documents,
 )
 from kvdiverge.eviction import kept_positions, parse_action
 from kvdiverge.models import (
@@ -90,7 +90,7 @@ def unit_batches(monkeypatch) -> list[list[int]]:
 
 def _alone(model, docs, eos, settings):
     return {
-        doc_id: rollout_document_actions(
+        doc_id: paths_under_actions(
             model, ids, [a for a in ACTIONS if a.name in reps], doc_id, reps, eos, settings
         )
         for doc_id, ids, reps in docs
@@ -116,7 +116,7 @@ def _assert_equal_to_rounding(batched, alone) -> None:
 def test_documents_in_one_batch_equal_their_one_document_runs(demo, unit_batches):
     model, docs, eos = demo
     settings = RolloutSettings(10, 3)
-    batched = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
+    batched = dict(batched_paths(model, docs, ACTIONS, eos, settings))
     lengths = [len(ids) for _, ids, _ in docs]
     # one batch: every document's groups (two for the first and third, one for the second)
     assert unit_batches == [[lengths[0], lengths[0], lengths[1], lengths[2], lengths[2]]]
@@ -135,7 +135,7 @@ def test_documents_in_one_batch_equal_their_one_document_runs(demo, unit_batches
         batched["doc/0"]["full"].x_token, batched["doc/0"]["snapkv-half"].x_token[:2]
     )
     # reruns are bit-identical
-    again = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
+    again = dict(batched_paths(model, docs, ACTIONS, eos, settings))
     for doc_id, results in batched.items():
         for name, r in results.items():
             for field in FIELDS + LAWS:
@@ -149,7 +149,7 @@ def test_laws_of_a_batched_document_equal_a_plain_forward(demo):
     model, docs, eos = demo
     settings = RolloutSettings(10, 4, keep_logits=True)
     docs = [(doc_id, ids, {"snapkv-half": 2}) for doc_id, ids, _ in docs]
-    batched = dict(rollout_documents(model, docs, ACTIONS[:1], eos, settings))
+    batched = dict(batched_paths(model, docs, ACTIONS[:1], eos, settings))
     for doc_id, ids, _ in docs[1:]:  # the shorter documents (not the batch's first prompt)
         r = batched[doc_id]["snapkv-half"]
         kept = kept_positions(model, ids, ACTIONS[0])
@@ -164,13 +164,11 @@ def test_row_budget_packs_documents_and_ended_rows_leave(demo, unit_batches):
     the budget in chunks); with frequent tokens as EOS, rows end and leave mid-batch. Every
     document still equals its one-document run."""
     model, docs, _ = demo
-    probe = rollout_document_actions(
-        model, docs[0][1], ACTIONS[2:], "p", 4, [0], RolloutSettings(8, 4)
-    )
+    probe = paths_under_actions(model, docs[0][1], ACTIONS[2:], "p", 4, [0], RolloutSettings(8, 4))
     common = np.bincount(probe["full"].x_token[:, 1:].ravel()).argsort()[::-1][:3].tolist()
     unit_batches.clear()
     settings = RolloutSettings(12, 4, max_batch_rows=24)
-    batched = dict(rollout_documents(model, docs, ACTIONS, common, settings))
+    batched = dict(batched_paths(model, docs, ACTIONS, common, settings))
     assert len(unit_batches) > 1 and max(len(b) for b in unit_batches) > 1
     ended = [
         r.x_eos[:, -1].any() or r.y_eos[:, -1].any() for d in batched.values() for r in d.values()
@@ -185,12 +183,10 @@ def test_skipped_documents_and_out_of_memory(demo, unit_batches, monkeypatch):
     batch is cut in halves and the budget drops; tokens are unchanged."""
     model, docs, eos = demo
     settings = RolloutSettings(8, 2, max_batch_rows=16)  # doc/0: 15 | 6, doc/1: 14, doc/2: 9 + 6
-    whole = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
+    whole = dict(batched_paths(model, docs, ACTIONS, eos, settings))
     n_whole = len(unit_batches)
     unit_batches.clear()
-    resumed = dict(
-        rollout_documents(model, docs, ACTIONS, eos, settings, skip={"doc/0"}.__contains__)
-    )
+    resumed = dict(batched_paths(model, docs, ACTIONS, eos, settings, skip={"doc/0"}.__contains__))
     assert list(resumed) == ["doc/1", "doc/2"]
     assert len(unit_batches) < n_whole  # doc/0's own batch did not run
     for doc_id, results in resumed.items():
@@ -206,7 +202,7 @@ def test_skipped_documents_and_out_of_memory(demo, unit_batches, monkeypatch):
         return real(model, units, eos_ids, settings, on_step)
 
     monkeypatch.setattr(batches_module, "_rollout_units", small_memory)
-    split = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
+    split = dict(batched_paths(model, docs, ACTIONS, eos, settings))
     for doc_id, results in split.items():
         for name, r in results.items():
             for field in FIELDS:
@@ -241,7 +237,7 @@ def test_bad_documents_fail_before_any_model_call(demo, unit_batches):
     with pytest.raises(
         ValueError, match=r"document doc/x: replicates for unknown action\(s\) snapkv-90"
     ):
-        list(rollout_documents(model, bad, ACTIONS, eos, RolloutSettings(4, 1)))
+        list(batched_paths(model, bad, ACTIONS, eos, RolloutSettings(4, 1)))
     with pytest.raises(ValueError, match="doc_id values are not unique"):
-        list(rollout_documents(model, [*docs, docs[0]], ACTIONS, eos, RolloutSettings(4, 1)))
+        list(batched_paths(model, [*docs, docs[0]], ACTIONS, eos, RolloutSettings(4, 1)))
     assert unit_batches == []

@@ -15,7 +15,7 @@ import transformers
 from engine_reference import law_differences, random_prompt
 
 import kvdiverge.engine.attention as attention
-from kvdiverge.engine import RolloutSettings, rollout_document_actions, rollout_documents
+from kvdiverge.engine import RolloutSettings, batched_paths, paths_under_actions
 from kvdiverge.engine.document import _Document, gather_prefix, kept_mask
 from kvdiverge.engine.kernels import native as native_kernel
 from kvdiverge.engine.kernels import registry
@@ -59,7 +59,7 @@ def demo(request, tmp_path_factory):
 
 def _run(model, ids, eos, layout, H=14, K=4, actions=ACTIONS):
     settings = RolloutSettings(H, 7, keep_logits=True, prompt_attention=layout)
-    return rollout_document_actions(model, ids, actions, "doc-m", K, eos, settings)
+    return paths_under_actions(model, ids, actions, "doc-m", K, eos, settings)
 
 
 def _probs(logits: np.ndarray) -> torch.Tensor:
@@ -116,9 +116,9 @@ def test_masked_reruns_are_bit_identical_and_batches_equal_one_document_runs(dem
     other = chat_prompt_ids(tok, PROMPT[::-1][:300])
     settings = RolloutSettings(10, 2, prompt_attention="masked")
     docs = [("a", ids, 3), ("b", other, 2)]
-    batched = dict(rollout_documents(model, docs, ACTIONS, eos, settings))
+    batched = dict(batched_paths(model, docs, ACTIONS, eos, settings))
     for doc_id, doc_ids, k in docs:
-        alone = rollout_document_actions(model, doc_ids, ACTIONS, doc_id, k, eos, settings)
+        alone = paths_under_actions(model, doc_ids, ACTIONS, doc_id, k, eos, settings)
         for a in ACTIONS:
             got, want = batched[doc_id][a.name], alone[a.name]
             assert np.array_equal(got.x_token, want.x_token)
@@ -150,7 +150,7 @@ def test_one_pass_per_document_over_its_full_prompt(demo):
     pre = run_prefill(model, ids, actions=ACTIONS)
     try:
         settings = RolloutSettings(5, 1, prompt_attention="masked")
-        rollout_document_actions(model, ids, ACTIONS, "doc-p", 3, eos, settings, prefill=pre)
+        paths_under_actions(model, ids, ACTIONS, "doc-p", 3, eos, settings, prefill=pre)
     finally:
         interface[attention.ATTENTION_NAME] = previous
     assert len(seen) == 4

@@ -28,7 +28,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from kvdiverge.engine import RolloutSettings, rollout_documents
+from kvdiverge.engine import RolloutSettings, batched_paths
 from kvdiverge.eviction import parse_action, run_prefill, select_positions
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_module")]
@@ -158,7 +158,7 @@ class _PlainForward:
 
 def _run(model, docs, eos, layout):
     settings = RolloutSettings(H, 17, keep_logits=True, prompt_attention=layout)
-    return dict(rollout_documents(model, docs, ACTIONS, eos, settings))
+    return dict(batched_paths(model, docs, ACTIONS, eos, settings))
 
 
 def _law_gaps(model, docs, results) -> tuple[float, float]:

@@ -27,7 +27,7 @@ from kvdiverge.analysis.swrb import (
     swrb_replicate_values,
     swrb_study_table,
 )
-from kvdiverge.engine import RolloutSettings, rollout_document
+from kvdiverge.engine import RolloutSettings, paths_under_action
 from kvdiverge.engine.swrb_job import run_swrb_job
 from kvdiverge.engine.swrb_rollout import swrb_rollout_document
 from kvdiverge.eviction import kept_positions
@@ -263,7 +263,7 @@ def test_swrb_variance_no_larger_for_occurrence_and_cdf(swrb, exact):
 
 def test_naive_engine_agrees_with_the_exact_values(setup, exact):
     model, ids, _ = setup
-    r = rollout_document(
+    r = paths_under_action(
         model, ids, ACTION, "tiny", N_REP, [EOS], RolloutSettings(H, SEED, max_batch_rows=4 * N_REP)
     )
     v = naive_replicate_values(r.x_token != r.y_token, windows=[L])

@@ -17,7 +17,7 @@ import torch
 import transformers
 from transformers import AttentionInterface, AutoModelForCausalLM
 
-from kvdiverge.engine import RolloutSettings, rollout_document_actions
+from kvdiverge.engine import RolloutSettings, paths_under_actions
 from kvdiverge.engine.attention import attention_implementation
 from kvdiverge.eviction import (
     SELECTORS,
@@ -272,7 +272,7 @@ def test_ragged_kept_sets_decode_as_their_own_cache(demo, press):
     full = parse_action({"selector": "full"}, name="full")
     settings = RolloutSettings(H=6, seed=5, keep_logits=True)
     eos = [model.config.vocab_size - 1]
-    runs = rollout_document_actions(model, ids, [action, full], "doc", 3, eos, settings)
+    runs = paths_under_actions(model, ids, [action, full], "doc", 3, eos, settings)
     kept = kept_positions(model, ids, action)
     run = runs["ragged"]
     assert run.n_kept == round(float(kept_counts(kept).float().mean()))

@@ -13,7 +13,7 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-from kvdiverge.engine import RolloutSettings, rollout_document_actions
+from kvdiverge.engine import RolloutSettings, paths_under_actions
 from kvdiverge.eviction import ActionError, parse_action
 from kvdiverge.models import (
     build_demo_model,
@@ -164,7 +164,7 @@ def test_engine_laws_equal_kvpress_decoding(demo, base, kwargs, interval, target
     spec = {"name": "dec", **_spec(base, kwargs, interval, target)}
     full = {"name": "full", "selector": "full"}
     H, K = 14, 2
-    out = rollout_document_actions(
+    out = paths_under_actions(
         model, ids, [spec, full], "doc-k", K, eos, RolloutSettings(H, 7, keep_logits=True)
     )
     r = out["dec"]

@@ -19,8 +19,8 @@ import transformers
 from test_quantize import reference_kivi
 from transformers import DynamicCache
 
-from kvdiverge.engine import RolloutSettings, rollout_document_actions
-from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.engine import RolloutSettings, paths_under_actions
+from kvdiverge.engine.batches import batched_paths
 from kvdiverge.eviction import ActionError, PromptTransform, parse_action
 from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
 
@@ -131,7 +131,7 @@ def test_laws_equal_plain_forward_with_the_same_cache(demo, entry, transform):
     transform = transform or (lambda k, v: (_merge_pairs(k), _merge_pairs(v)))
     H, K = 16, 4
     settings = RolloutSettings(H, 3, keep_logits=True)
-    out = rollout_document_actions(model, ids, [entry, FULL], "doc-q", K, eos, settings)
+    out = paths_under_actions(model, ids, [entry, FULL], "doc-q", K, eos, settings)
     r, full = out[entry["name"]], out["full"]
     assert r.tv_rollout[:, 1:].max() > 0  # the transformed cache changes the law
     for k in range(K):
@@ -148,8 +148,8 @@ def test_reference_and_crn_unchanged_beside_eviction(demo):
     gives them (the same X rows, the same uniforms; values to float rounding, another batch)."""
     model, ids, eos = demo
     settings = RolloutSettings(12, 9)
-    alone = rollout_document_actions(model, ids, [SNAPKV, FULL], "doc-c", 3, eos, settings)
-    both = rollout_document_actions(model, ids, [SNAPKV, QUANT2, FULL], "doc-c", 3, eos, settings)
+    alone = paths_under_actions(model, ids, [SNAPKV, FULL], "doc-c", 3, eos, settings)
+    both = paths_under_actions(model, ids, [SNAPKV, QUANT2, FULL], "doc-c", 3, eos, settings)
     for name in ("snapkv-half", "full"):
         assert np.array_equal(alone[name].x_token, both[name].x_token)
         assert np.array_equal(alone[name].y_token, both[name].y_token)
@@ -164,9 +164,9 @@ def test_batched_documents_equal_one_document_runs(demo):
     model, ids, eos = demo
     settings = RolloutSettings(10, 4)
     docs = [("d0", ids, 2), ("d1", ids[: len(ids) - 7], 2)]
-    batched = dict(rollout_documents(model, docs, [QUANT2, FULL], eos, settings))
+    batched = dict(batched_paths(model, docs, [QUANT2, FULL], eos, settings))
     for doc_id, prompt, K in docs:
-        one = rollout_document_actions(model, prompt, [QUANT2, FULL], doc_id, K, eos, settings)
+        one = paths_under_actions(model, prompt, [QUANT2, FULL], doc_id, K, eos, settings)
         for name in ("q2", "full"):
             assert np.array_equal(batched[doc_id][name].y_token, one[name].y_token)
             assert np.allclose(batched[doc_id][name].tv_rollout, one[name].tv_rollout, atol=1e-6)
@@ -209,7 +209,7 @@ def test_bad_transform_refused_before_decoding(demo, cls, message):
     model, ids, eos = demo
     action = {"name": "bad", "selector": f"test_prompt_transform:{cls}"}
     with pytest.raises(ActionError) as info:
-        rollout_document_actions(model, ids, [action], "doc-bad", 2, eos, RolloutSettings(4, 0))
+        paths_under_actions(model, ids, [action], "doc-bad", 2, eos, RolloutSettings(4, 0))
     text = str(info.value)
     assert text.startswith("action 'bad': selector 'test_prompt_transform:") and message in text
     assert "\n" not in text
@@ -219,7 +219,7 @@ def test_group_size_must_divide_head_size(demo):
     model, ids, eos = demo
     action = parse_action({"selector": "quantize", "group_size": 32}, name="q32")  # d = 16
     with pytest.raises(ActionError, match="group_size 32 does not divide the model's head size 16"):
-        rollout_document_actions(model, ids, [action], "doc-g", 2, eos, RolloutSettings(4, 0))
+        paths_under_actions(model, ids, [action], "doc-g", 2, eos, RolloutSettings(4, 0))
 
 
 def test_cache_bytes_per_action(demo):
@@ -232,7 +232,7 @@ def test_cache_bytes_per_action(demo):
     config = model.config
     layers, n_kv = config.num_hidden_layers, config.num_key_value_heads
     d = config.head_dim
-    out = rollout_document_actions(
+    out = paths_under_actions(
         model, ids, [SNAPKV, QUANT2, FULL], "doc-b", 1, eos, RolloutSettings(H, 0)
     )
     entry = 2 * d * 4
@@ -289,8 +289,8 @@ def test_transform_runs_gathered_whatever_the_layout(demo, layout):
     model, ids, eos = demo
     base = RolloutSettings(8, 2, prompt_attention="gathered")
     other = RolloutSettings(8, 2, prompt_attention=layout, identity_shortcut=True)
-    want = rollout_document_actions(model, ids, [QUANT2], "doc-l", 2, eos, base)["q2"]
-    got = rollout_document_actions(model, ids, [QUANT2], "doc-l", 2, eos, other)["q2"]
+    want = paths_under_actions(model, ids, [QUANT2], "doc-l", 2, eos, base)["q2"]
+    got = paths_under_actions(model, ids, [QUANT2], "doc-l", 2, eos, other)["q2"]
     assert np.array_equal(want.y_token, got.y_token)
     assert np.array_equal(want.tv_rollout, got.tv_rollout)
     assert got.tv_rollout[:, 1:].max() > 0
@@ -356,4 +356,4 @@ def test_nondeterministic_user_transform_refused(demo):
     model, ids, eos = demo
     action = {"name": "drift", "selector": "test_prompt_transform:Drifting"}
     with pytest.raises(ActionError, match="returned different tensors when called twice"):
-        rollout_document_actions(model, ids, [action], "doc-d", 2, eos, RolloutSettings(4, 0))
+        paths_under_actions(model, ids, [action], "doc-d", 2, eos, RolloutSettings(4, 0))

@@ -181,4 +181,14 @@ def test_compression_config_passes_every_check():
     actions = cfg["actions"]
     assert actions["kivi-4bit"]["bits"] == 4 and actions["kivi-2bit"]["bits"] == 2
     study = set(cfg["studies"]["study1"]["actions"])
-    assert study == {"kivi-4bit", "kivi-2bit", "snapkv-24", "snapkv-18", "snapkv-half", "full"}
+    assert study == {
+        "kivi-4bit",
+        "kivi-2bit",
+        "snapkv-24",
+        "snapkv-18",
+        "snapkv-half",
+        "full",
+        "decoding-knorm",
+        "streaming-192",
+    }
+    assert actions["streaming-192"]["selector"] == "streaming"

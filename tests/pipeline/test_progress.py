@@ -101,7 +101,7 @@ def test_transformers_bars_are_off_unless_a_terminal():
 
 
 def test_the_engine_calls_the_hook_at_every_step_of_every_batch():
-    from kvdiverge.engine.batches import rollout_documents
+    from kvdiverge.engine.batches import batched_paths
     from kvdiverge.engine.settings import RolloutSettings
     from kvdiverge.models import chat_prompt_ids, eos_token_ids, load_model, load_tokenizer
 
@@ -113,7 +113,7 @@ def test_the_engine_calls_the_hook_at_every_step_of_every_batch():
     calls: list[tuple[int, int, int, int]] = []
     settings = RolloutSettings(H=5, seed=0, max_batch_rows=6)  # each document its own batch
     done = []
-    for doc_id, _ in rollout_documents(
+    for doc_id, _ in batched_paths(
         lm, docs, actions, eos_token_ids(lm, tok), settings, on_step=lambda *a: calls.append(a)
     ):
         done.append((doc_id, len(calls)))

@@ -189,14 +189,14 @@ def test_several_eos_ids_through_the_pipeline_are_one_outcome(tmp_path):
     import numpy as np
 
     from kvdiverge.analysis.document_stats import document_stats
-    from kvdiverge.engine import RolloutSettings, rollout_document
+    from kvdiverge.engine import RolloutSettings, paths_under_action
     from kvdiverge.models import chat_prompt_ids, load_model, load_tokenizer
 
     work = _workdir(tmp_path)
     demo = work / "data" / "models" / "tiny-llama"
     tokenizer, model = load_tokenizer(str(demo)), load_model(str(demo))
     prompt = pl.read_parquet(FIXTURE)["prompt"][0]
-    probe = rollout_document(
+    probe = paths_under_action(
         model,
         chat_prompt_ids(tokenizer, prompt),
         {"name": "full", "selector": "full"},

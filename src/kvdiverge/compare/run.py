@@ -4,7 +4,7 @@
 them: the prompts become a ``custom`` stratum's documents (:mod:`kvdiverge.datasets.custom`,
 prompts as given), the model and every document are checked before the model loads
 (:mod:`kvdiverge.engine.preflight`), the coupled rollouts run through
-:func:`kvdiverge.engine.rollout_job.rollout_documents_actions` and are written as trajectory
+:func:`kvdiverge.engine.rollout_job.trajectory_tables` and are written as trajectory
 files, the document statistics, estimands and accuracy follow (:mod:`kvdiverge.analysis`), and
 Table 1, the figure-5 divergence CDF, the accuracy table and figure, the generations side by side
 and, with a baseline, the contrasts against it are written into one folder. It returns the tables
@@ -94,7 +94,7 @@ class CompareResult:
 
 
 class _PromptProgress:
-    """The ``progress`` of :func:`kvdiverge.engine.rollout_job.rollout_documents_actions`: each
+    """The ``progress`` of :func:`kvdiverge.engine.rollout_job.trajectory_tables`: each
     finished prompt, named by the user's id or line, and every decode step (``on_step``) go to
     a :class:`kvdiverge.pipeline.progress.RolloutProgress` (bars on a terminal, else plain
     lines with rate and ETA); ``bar`` None: silent."""
@@ -416,7 +416,7 @@ def _run(
     )
     from kvdiverge.datasets import write_documents
     from kvdiverge.engine.families import UnsupportedAttentionError, check_loaded_attention
-    from kvdiverge.engine.rollout_job import rollout_documents_actions
+    from kvdiverge.engine.rollout_job import trajectory_tables
     from kvdiverge.engine.settings import RolloutSettings
     from kvdiverge.eviction import ActionError
     from kvdiverge.models import DeviceError, eos_token_ids, load_model
@@ -456,7 +456,7 @@ def _run(
     progress = _PromptProgress(keys, bar)
     try:
         held: dict[str, dict] = {}  # each action's cache bytes per document
-        frames = rollout_documents_actions(
+        frames = trajectory_tables(
             lm, tokenizer, jobs, specs, eos, settings, progress, on_step=progress.on_step,
             cache_bytes=held,
         )  # fmt: skip

@@ -2,7 +2,7 @@
 
 * :mod:`kvdiverge.engine.attention`: shared-prefix attention — many decoding rows attend to
   prompt caches held once per row group, merged exactly with each row's own generated entries;
-* :mod:`kvdiverge.engine.settings`: :class:`RolloutSettings` and :class:`DocumentRollout`;
+* :mod:`kvdiverge.engine.settings`: :class:`RolloutSettings` and :class:`ActionPaths`;
 * :mod:`kvdiverge.engine.rows`: the coupled decode loop's row machinery — one model call per
   step for every row of a batch, the stepwise maximal coupling on common random numbers;
 * :mod:`kvdiverge.engine.document`: one document's rollouts under several actions;
@@ -11,7 +11,7 @@
 * :mod:`kvdiverge.engine.batch_plan`: the plan of a job's model calls before any model loads
   (numpy only): :func:`plan_batches` and the masked layout's threshold;
 * :mod:`kvdiverge.engine.batches`: many documents' rollouts with the rows of several documents
-  in each model call (:func:`rollout_documents`, batches packed by :func:`plan_batches`);
+  in each model call (:func:`batched_paths`, batches packed by :func:`plan_batches`);
 * :mod:`kvdiverge.engine.swrb_rollout`: SWRB replicates of one document;
 * :mod:`kvdiverge.engine.preflight`: the checks a rollout job runs before any model work;
 * :mod:`kvdiverge.engine.rollout_job` and :mod:`kvdiverge.engine.swrb_job`: the rollout jobs —
@@ -41,16 +41,16 @@ _HOMES = {
     "SharedPrefix": "attention",
     "shared_prefix_attention": "attention",
     "plan_batches": "batches",
-    "rollout_documents": "batches",
+    "batched_paths": "batches",
     "reference_groups": "document",
-    "rollout_document": "document",
-    "rollout_document_actions": "document",
+    "paths_under_action": "document",
+    "paths_under_actions": "document",
     "COUPLING_MODES": "settings",
-    "DocumentRollout": "settings",
+    "ActionPaths": "settings",
     "RolloutSettings": "settings",
     "TIMING_KEYS": "rollout_job",
-    "document_rollouts": "rollout_job",
-    "rollout_documents_actions": "rollout_job",
+    "batched_prompt_paths": "rollout_job",
+    "trajectory_tables": "rollout_job",
     "run_stratum_rollout_job": "rollout_job",
     "select_documents": "rollout_job",
     "select_job_documents": "rollout_job",
@@ -60,18 +60,18 @@ _HOMES = {
 __all__ = [
     "ATTENTION_NAME",
     "COUPLING_MODES",
-    "DocumentRollout",
+    "ActionPaths",
     "RolloutSettings",
     "RowCache",
     "SharedPrefix",
     "TIMING_KEYS",
-    "document_rollouts",
+    "batched_prompt_paths",
     "plan_batches",
     "reference_groups",
-    "rollout_document",
-    "rollout_document_actions",
-    "rollout_documents",
-    "rollout_documents_actions",
+    "paths_under_action",
+    "paths_under_actions",
+    "batched_paths",
+    "trajectory_tables",
     "run_stratum_rollout_job",
     "select_documents",
     "select_job_documents",

@@ -16,7 +16,7 @@ from kvdiverge.engine.document import _check_actions, _Document
 from kvdiverge.engine.memory import keep_freed_memory
 from kvdiverge.engine.rows import _rollout_units, _running_row_steps, _Unit
 from kvdiverge.engine.settings import (
-    DocumentRollout,
+    ActionPaths,
     RolloutSettings,
     _clock,
     _is_oom,
@@ -28,7 +28,7 @@ from kvdiverge.eviction import (
 
 __all__ = [
     "plan_batches",
-    "rollout_documents",
+    "batched_paths",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def _halves(pieces: list[_Piece]) -> list[list[_Piece]]:
     ]
 
 
-def rollout_documents(
+def batched_paths(
     model: torch.nn.Module,
     documents: Sequence[tuple[Any, ...]],
     actions: Sequence[ActionSpec | Mapping[str, Any]],
@@ -66,11 +66,11 @@ def rollout_documents(
     settings: RolloutSettings,
     skip: Any = None,
     on_step: Callable[[int, int, int, int], None] | None = None,
-) -> Iterator[tuple[str, dict[str, DocumentRollout]]]:
+) -> Iterator[tuple[str, dict[str, ActionPaths]]]:
     """Coupled rollouts of many documents, the rows of several documents in each model call.
 
     ``documents``: ``(doc_id, input_ids, replicates)``; ``replicates`` as in
-    :func:`rollout_document_actions`, or a mapping that names only the actions the document
+    :func:`paths_under_actions`, or a mapping that names only the actions the document
     runs; a fourth element, the document's :class:`kvdiverge.eviction.Prefill` for these
     actions, saves its prefill (benchmarks). Every argument is checked before any model call.
     The documents' reference groups are packed in order into batches of at most
@@ -78,10 +78,10 @@ def rollout_documents(
     evicting); each batch decodes as one model call per step, each document with its own
     prompt groups, positions and common random numbers (:func:`_rollout_units`). A document
     is prefilled (once, for all its actions) when its first batch runs and released after its
-    last. Yields ``(doc_id, {action name: DocumentRollout})`` in document order as each
+    last. Yields ``(doc_id, {action name: ActionPaths})`` in document order as each
     document's batches finish.
 
-    A document's results equal its :func:`rollout_document_actions` run to floating-point
+    A document's results equal its :func:`paths_under_actions` run to floating-point
     rounding (the matrix products' batch differs; the tokens differ only where a uniform falls
     within rounding of a CDF boundary), and a rerun is bit-identical. ``skip(doc_id)`` true:
     the document is not yielded, and a batch all of whose documents are skipped does not run
@@ -89,7 +89,7 @@ def rollout_documents(
     bits equal an uninterrupted run's. On out-of-memory a batch is cut in halves (pieces, or a
     piece's replicates) and the budget of later batches drops to the size that fitted.
 
-    Seconds (as in :func:`rollout_document_actions`): a batch's decode seconds are shared by
+    Seconds (as in :func:`paths_under_actions`): a batch's decode seconds are shared by
     its units in proportion to their running row-steps; ``document_seconds`` of each result is
     the document's prefill, selections and share of the decode.
 
@@ -147,7 +147,7 @@ def rollout_documents(
 def _batch_hook(
     on_step: Callable[[int, int, int, int], None], batch: int, batches: int, H: int
 ) -> Callable[[int], None]:
-    """``on_step`` of :func:`rollout_documents` bound to one planned batch."""
+    """``on_step`` of :func:`batched_paths` bound to one planned batch."""
     return lambda t: on_step(batch, batches, t, H)
 
 

@@ -22,7 +22,7 @@ from kvdiverge.engine.rows import (
 )
 from kvdiverge.engine.settings import (
     MASKED_MIN_FRACTION,
-    DocumentRollout,
+    ActionPaths,
     RolloutSettings,
     _check_model,
     _clock,
@@ -50,8 +50,8 @@ __all__ = [
     "kept_mask",
     "mean_kept",
     "reference_groups",
-    "rollout_document",
-    "rollout_document_actions",
+    "paths_under_action",
+    "paths_under_actions",
 ]
 
 log = logging.getLogger(__name__)
@@ -254,12 +254,12 @@ class _Document:
 
     def results(
         self, parts: Sequence[Sequence[list[dict[str, np.ndarray]]]], seconds: Sequence[float]
-    ) -> dict[str, DocumentRollout]:
-        """``{action name: DocumentRollout}`` from each group's chunk results in replicate
+    ) -> dict[str, ActionPaths]:
+        """``{action name: ActionPaths}`` from each group's chunk results in replicate
         order (``parts[g]``) and its decode seconds."""
         assert self.prefill is not None and self.kept is not None
         assert self.selection_seconds is not None
-        results: dict[str, DocumentRollout] = {}
+        results: dict[str, ActionPaths] = {}
         for (_, _, members), group_parts, group_seconds in zip(
             self.groups, parts, seconds, strict=True
         ):
@@ -285,7 +285,7 @@ class _Document:
                 logits = {
                     n[len("logits_") :]: v for n, v in merged.items() if n.startswith("logits_")
                 }
-                results[name] = DocumentRollout(
+                results[name] = ActionPaths(
                     doc_id=self.doc_id,
                     replicates=self.reps[name],
                     x_token=merged["x_token"],
@@ -319,7 +319,7 @@ def _check_actions(
     return specs
 
 
-def rollout_document_actions(
+def paths_under_actions(
     model: torch.nn.Module,
     input_ids: Sequence[int] | torch.Tensor,
     actions: Sequence[ActionSpec | Mapping[str, Any]],
@@ -328,7 +328,7 @@ def rollout_document_actions(
     eos_ids: Sequence[int],
     settings: RolloutSettings,
     prefill: Prefill | None = None,
-) -> dict[str, DocumentRollout]:
+) -> dict[str, ActionPaths]:
     """Coupled rollouts of one document under several actions (``docs/method.md``).
 
     ONE prefill serves every action (full cache and first-token logits); each action gathers
@@ -336,9 +336,9 @@ def rollout_document_actions(
     (:func:`reference_groups`); each evicting action adds its Y and Z rows. ``replicates``: K
     or explicit indices for every action, or a mapping action name → K or indices (e.g. the
     control's K_control). All rows of a reference group run in one model call per step, so an
-    action's result equals :func:`rollout_document` with that action alone to floating-point
-    rounding (the batch differs). Returns ``{action name: DocumentRollout}``. The groups run
-    one after the other; :func:`rollout_documents` fills each model call with the rows of
+    action's result equals :func:`paths_under_action` with that action alone to floating-point
+    rounding (the batch differs). Returns ``{action name: ActionPaths}``. The groups run
+    one after the other; :func:`batched_paths` fills each model call with the rows of
     several documents and groups instead.
 
     ``input_ids``: the chat-wrapped prompt (:func:`kvdiverge.models.chat_prompt_ids`);
@@ -402,7 +402,7 @@ def rollout_document_actions(
     return out
 
 
-def rollout_document(
+def paths_under_action(
     model: torch.nn.Module,
     input_ids: Sequence[int] | torch.Tensor,
     action: ActionSpec | Mapping[str, Any],
@@ -411,10 +411,10 @@ def rollout_document(
     eos_ids: Sequence[int],
     settings: RolloutSettings,
     prefill: Prefill | None = None,
-) -> DocumentRollout:
-    """Coupled rollouts of one document under one action: :func:`rollout_document_actions`
+) -> ActionPaths:
+    """Coupled rollouts of one document under one action: :func:`paths_under_actions`
     with that action alone (same arguments, same values)."""
     action = action if isinstance(action, ActionSpec) else parse_action(action)
-    return rollout_document_actions(
+    return paths_under_actions(
         model, input_ids, [action], doc_id, replicates, eos_ids, settings, prefill
     )[action.name]

@@ -55,7 +55,7 @@ def sum_timing(
 
 def with_cache_bytes(timing: dict[str, dict[str, Any]], results: Mapping[str, Any]) -> dict:
     """One document's scratch record: its ``timing`` per action, each with the action's
-    ``cache_bytes`` (:attr:`kvdiverge.engine.DocumentRollout.cache_bytes`) beside it."""
+    ``cache_bytes`` (:attr:`kvdiverge.engine.ActionPaths.cache_bytes`) beside it."""
     for name, result in results.items():
         timing.setdefault(name, {})["cache_bytes"] = result.cache_bytes
     return timing

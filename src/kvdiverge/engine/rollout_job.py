@@ -2,7 +2,7 @@
 
 One job of rule ``rollout_<study>`` (``docs/architecture.md``, "Rollout jobs"): read the
 documents of the job's cohorts, load the model once, run every document through
-:func:`kvdiverge.engine.batches.rollout_documents` (one prefill per document for all actions; each
+:func:`kvdiverge.engine.batches.batched_paths` (one prefill per document for all actions; each
 model call holds the rows of several documents), convert the results to the trajectory table
 (:data:`kvdiverge.io.trajectories.TRAJECTORY_SCHEMA`, one row per document, replicate and step) and
 write one file per action with its metadata.
@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from kvdiverge.engine.batches import rollout_documents
+from kvdiverge.engine.batches import batched_paths
 from kvdiverge.engine.device_memory import check_device_memory
 from kvdiverge.engine.job_records import (
     LIBRARIES,
@@ -30,7 +30,7 @@ from kvdiverge.engine.job_records import (
     with_cache_bytes,
 )
 from kvdiverge.engine.kernels import kernel_choices
-from kvdiverge.engine.settings import DocumentRollout, RolloutSettings
+from kvdiverge.engine.settings import ActionPaths, RolloutSettings
 from kvdiverge.eviction import ActionSpec, parse_action
 from kvdiverge.io import JobScratch, sha256_file
 from kvdiverge.io.documents import read_documents, read_documents_table
@@ -46,12 +46,12 @@ __all__ = [
     "CheckedJob",
     "add_timing",
     "check_registered_numerics",
-    "document_rollouts",
+    "batched_prompt_paths",
     "job_actions",
     "job_code",
     "library_versions",
     "load_checked_job",
-    "rollout_documents_actions",
+    "trajectory_tables",
     "run_stratum_rollout_job",
     "select_documents",
     "select_job_documents",
@@ -140,7 +140,7 @@ def check_registered_numerics(
             )
 
 
-def trajectory_frame(rollouts: Iterable[DocumentRollout]) -> pl.DataFrame:
+def trajectory_frame(rollouts: Iterable[ActionPaths]) -> pl.DataFrame:
     """Long table of the trajectory contract: one row per (document, replicate, step)."""
     frames = []
     for r in rollouts:
@@ -169,7 +169,7 @@ def trajectory_frame(rollouts: Iterable[DocumentRollout]) -> pl.DataFrame:
     return pl.concat(frames)
 
 
-def add_timing(timing: dict[str, dict[str, float]], name: str, result: DocumentRollout) -> None:
+def add_timing(timing: dict[str, dict[str, float]], name: str, result: ActionPaths) -> None:
     """Add one document's seconds of action ``name`` to the per-action sums of ``timing``."""
     sums = timing.setdefault(name, dict.fromkeys(TIMING_KEYS, 0))
     sums["documents"] += 1
@@ -179,7 +179,7 @@ def add_timing(timing: dict[str, dict[str, float]], name: str, result: DocumentR
     sums["decode_seconds"] += result.decode_seconds
 
 
-def document_rollouts(
+def batched_prompt_paths(
     model: torch.nn.Module,
     tokenizer: Any,
     documents: Sequence[tuple[str, str, Mapping[str, int]]],
@@ -188,9 +188,9 @@ def document_rollouts(
     settings: RolloutSettings,
     skip: Any = None,
     on_step: Any = None,
-) -> Iterator[tuple[str, dict[str, DocumentRollout]]]:
-    """``(doc_id, {action name: DocumentRollout})`` per document, in order, as its batches
-    finish: :func:`kvdiverge.engine.batches.rollout_documents` over the chat-wrapped prompts, so
+) -> Iterator[tuple[str, dict[str, ActionPaths]]]:
+    """``(doc_id, {action name: ActionPaths})`` per document, in order, as its batches
+    finish: :func:`kvdiverge.engine.batches.batched_paths` over the chat-wrapped prompts, so
     each model call holds the rows of as many documents as ``settings.max_batch_rows`` allows.
 
     ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
@@ -209,12 +209,10 @@ def document_rollouts(
         for doc_id, prompt, counts in documents
         if counts
     ]
-    yield from rollout_documents(
-        model, inputs, specs, eos_ids, settings, skip=skip, on_step=on_step
-    )
+    yield from batched_paths(model, inputs, specs, eos_ids, settings, skip=skip, on_step=on_step)
 
 
-def rollout_documents_actions(
+def trajectory_tables(
     model: torch.nn.Module,
     tokenizer: Any,
     documents: Iterable[tuple[str, str, Mapping[str, int]]],
@@ -231,12 +229,12 @@ def rollout_documents_actions(
     ``documents``: ``(doc_id, prompt, {action name: K})``; an action absent from a document's
     mapping does not run it. Each prompt is wrapped by the tokenizer's chat template
     and prefilled once for all its actions, and each model call holds the rows of several
-    documents (:func:`document_rollouts`, :func:`kvdiverge.engine.batches.rollout_documents`): every
+    documents (:func:`batched_prompt_paths`, :func:`kvdiverge.engine.batches.batched_paths`): every
     document's values equal its one-document run
-    (:func:`kvdiverge.engine.document.rollout_document_actions`) to
+    (:func:`kvdiverge.engine.document.paths_under_actions`) to
     floating-point rounding. Each action's table lists its documents in the order given.
     ``progress``: optional tqdm-like object updated once per document; ``on_step``: the
-    engine's step hook (:func:`kvdiverge.engine.batches.rollout_documents`). ``timing``: optional
+    engine's step hook (:func:`kvdiverge.engine.batches.batched_paths`). ``timing``: optional
     dict filled with, per action name, the sums over its documents of ``documents``,
     ``paths`` and the seconds of the rollout (``prefill_seconds``: each document's shared
     prefill, counted in full for every action that runs it; ``selection_seconds``;
@@ -244,9 +242,11 @@ def rollout_documents_actions(
     ``cache_bytes``: optional dict filled with each action's cache bytes by ``doc_id``.
     """
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
-    rollouts: dict[str, list[DocumentRollout]] = {a.name: [] for a in specs}
+    rollouts: dict[str, list[ActionPaths]] = {a.name: [] for a in specs}
     documents = list(documents)
-    ran = document_rollouts(model, tokenizer, documents, specs, eos_ids, settings, on_step=on_step)
+    ran = batched_prompt_paths(
+        model, tokenizer, documents, specs, eos_ids, settings, on_step=on_step
+    )
     for doc_id, results in ran:
         for name, result in results.items():
             rollouts[name].append(result)
@@ -489,7 +489,7 @@ def run_stratum_rollout_job(
     (:func:`kvdiverge.engine.preflight.check_documents`, with the job model's own tokenizer); each
     failure is one line naming the config field, the file, or the doc_id and stratum. The
     model then loads once and each document is prefilled once for all actions
-    (:func:`rollout_documents_actions`); every file equals the one a job of that action alone
+    (:func:`trajectory_tables`); every file equals the one a job of that action alone
     writes up to floating-point rounding of δ and f.
 
     Each finished document is kept in a job-scoped scratch area
@@ -545,7 +545,7 @@ def run_stratum_rollout_job(
     resumed = [doc_id for doc_id, _, _ in documents if scratch.done(doc_id)]
     bar = RolloutProgress(len(documents), stream=log_file, done=len(resumed))
     with bar:
-        rollouts = document_rollouts(
+        rollouts = batched_prompt_paths(
             lm,
             job.tokenizer,
             documents,

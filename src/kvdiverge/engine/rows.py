@@ -1,6 +1,6 @@
 """The coupled decode loop: rollouts under several actions, one model call a step.
 
-:func:`rollout_document_actions` runs one document; :func:`rollout_documents` (what a rollout
+:func:`paths_under_actions` runs one document; :func:`batched_paths` (what a rollout
 job runs) fills each model call with the rows of several documents, each with its own prompt
 groups, positions and common random numbers (``docs/architecture.md``, "Coupled decoding":
 several documents per model call).

@@ -18,7 +18,7 @@ from kvdiverge.theory.coupling import (
 
 __all__ = [
     "COUPLING_MODES",
-    "DocumentRollout",
+    "ActionPaths",
     "MASKED_MIN_FRACTION",
     "PROMPT_LAYOUTS",
     "RolloutSettings",
@@ -91,7 +91,7 @@ class RolloutSettings:
 
 
 @dataclass
-class DocumentRollout:
+class ActionPaths:
     """One document's coupled rollouts, arrays of shape (K, H) (logits: (K, H, V))."""
 
     doc_id: str

@@ -1,7 +1,7 @@
 """Live progress of a rollout: documents finished and decode steps, with rate and ETA.
 
 :class:`RolloutProgress` takes the engine's step hook (``on_step(batch, batches, t, H)`` of
-:func:`kvdiverge.engine.batches.rollout_documents`, called after every decode step of every
+:func:`kvdiverge.engine.batches.batched_paths`, called after every decode step of every
 batch) and one call per finished document. On a terminal it draws two tqdm bars (documents,
 decode steps) that move while a batch runs. Anywhere else (a job's log file, a pipe, a
 notebook's captured stream, a ``log`` callable) it writes plain lines, never carriage
