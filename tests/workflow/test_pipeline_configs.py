@@ -54,6 +54,7 @@ def _expected_jobs() -> dict[str, int]:
         "accuracy": len(studies),
         "study_generations": len(studies),  # each study's generations page of the report
         "study_metrics": len(studies),  # each study's metrics.json and landing section
+        "study_cache_bytes": len(studies),  # each study's cache bytes beside its budgets
         "introductory_figure": 1,
         "finite_state_systems": 1,
         "finite_state_figures": 1,
