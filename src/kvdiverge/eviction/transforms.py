@@ -20,7 +20,8 @@ are refused (a seeded random one declares ``deterministic = False``, as a select
 
 Bytes (:func:`prompt_bytes`, :func:`cache_bytes`): what each action's cache holds per layer, at
 the start of the horizon (the prompt part) and at its end (plus the H − 1 generated entries a
-row holds at step H, each kept in the model's dtype: generated entries are not transformed).
+row holds at step H, each kept in the model's dtype unless the action quantizes them as they
+age: ``selector: quantize`` with ``generated: true``, :mod:`kvdiverge.eviction.quantize`).
 A kept subset holds its kept entries × 2 (keys and values) × head size × the dtype's bytes; a
 transformation states its own bytes (:meth:`PromptTransform.layer_bytes`).
 """
@@ -228,10 +229,17 @@ def prompt_bytes(
 
 
 def cache_bytes(
-    prompt: Sequence[int], H: int, n_kv: int, head_dim: int, itemsize: int
+    prompt: Sequence[int],
+    H: int,
+    n_kv: int,
+    head_dim: int,
+    itemsize: int,
+    generated: int | None = None,
 ) -> CacheBytes:
     """Per-layer bytes at the start and the end of an H-step horizon: the prompt part, then the
     prompt part plus the H − 1 generated entries (keys and values of ``n_kv`` heads of size
-    ``head_dim`` in ``itemsize``-byte elements) a row holds at step H."""
-    generated = max(H - 1, 0) * n_kv * 2 * head_dim * itemsize
+    ``head_dim`` in ``itemsize``-byte elements) a row holds at step H; ``generated``: those
+    entries' bytes per layer where the action stores them otherwise (quantized as they age)."""
+    if generated is None:
+        generated = max(H - 1, 0) * n_kv * 2 * head_dim * itemsize
     return CacheBytes(start=[int(b) for b in prompt], end=[int(b) + generated for b in prompt])
