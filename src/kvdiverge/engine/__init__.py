@@ -8,6 +8,8 @@
 * :mod:`kvdiverge.engine.document`: one document's rollouts under several actions;
 * :mod:`kvdiverge.engine.decoding_compression`: compression during decoding — each row's kept
   entries, re-compressed from its own history after each model call;
+* :mod:`kvdiverge.engine.generated_quantization`: each row's own generated entries quantized as
+  they age (KIVI's streaming part), in place after each model call;
 * :mod:`kvdiverge.engine.batch_plan`: the plan of a job's model calls before any model loads
   (numpy only): :func:`plan_batches` and the masked layout's threshold;
 * :mod:`kvdiverge.engine.batches`: many documents' rollouts with the rows of several documents

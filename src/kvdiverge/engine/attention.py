@@ -204,6 +204,7 @@ class RowCache:
 
     is_compileable = False
     compressing = False  # rows keep every entry (a CompressingRowCache's rows mask theirs)
+    aging: Any = None  # a GeneratedQuantizer (generated entries quantized as they age)
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ import torch
 
 from kvdiverge.engine import kernels
 from kvdiverge.engine.attention import RowCache, SharedPrefix
+from kvdiverge.engine.generated_quantization import generated_quantizer
 from kvdiverge.engine.kernels.reference import math_attention
 from kvdiverge.eviction.contract import user_call
 from kvdiverge.eviction.decoding import checked_kept, checked_schedule
@@ -72,7 +73,9 @@ def row_cache(
 ) -> RowCache:
     """The batch's row cache: a :class:`CompressingRowCache` when an evicting intervention of
     some unit decodes with compression (``evicted[u]``: unit u's evicting interventions, in
-    row-group order), else the plain :class:`RowCache`."""
+    row-group order), else the plain :class:`RowCache`; with the quantizer of the generated
+    entries of those that quantize them as they age, if any
+    (:func:`kvdiverge.engine.generated_quantization.generated_quantizer`)."""
     groups: list[DecodingSpec | None] = []
     initial: list[tuple[int, int, bool]] = []
     for unit, members in zip(units, evicted, strict=True):
@@ -83,8 +86,11 @@ def row_cache(
             initial += [(base + gi, rep, gi > 0) for rep in range(len(unit.replicates))]
     args = (n_layers, rows, n_kv, head_dim, capacity, dtype, device)
     if all(spec is None for spec in groups):
-        return RowCache(*args)
-    return CompressingRowCache(*args, groups=groups, initial=initial)
+        cache = RowCache(*args)
+    else:
+        cache = CompressingRowCache(*args, groups=groups, initial=initial)
+    cache.aging = generated_quantizer(units, evicted)  # None unless some action quantizes them
+    return cache
 
 
 class CompressingRowCache(RowCache):

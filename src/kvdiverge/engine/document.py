@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from kvdiverge.engine.decoding_compression import DecodingSpec
+from kvdiverge.engine.generated_quantization import GeneratedQuantization
 from kvdiverge.engine.kernels import fused_masked_kernel
 from kvdiverge.engine.rows import (
     _Intervention,
@@ -41,6 +42,7 @@ from kvdiverge.eviction import (
     transformed_prefix,
 )
 from kvdiverge.eviction.decoding import is_decoding
+from kvdiverge.eviction.quantize import generated_bytes
 from kvdiverge.theory.coupling import (
     document_key,
 )
@@ -202,7 +204,9 @@ class _Document:
                 ):
                     layout = "gathered"
             if is_transform(a):  # its own tensors, attended in the gathered layout
-                self.interventions.append(_Intervention(transformed_prefix(prefill, a)))
+                part = transformed_prefix(prefill, a)
+                aging = GeneratedQuantization.of(a)  # its rows' generated entries, as they age
+                self.interventions.append(_Intervention(part, aging=aging))
             elif is_decoding(a):  # its rows' kept entries change as they decode
                 spec = DecodingSpec.of(a, kept, prefill.n)
                 part = gather_prefix(prefill, kept)
@@ -216,7 +220,8 @@ class _Document:
             self.selection_seconds[a.name] = _clock(device) - start
             counts = None if is_transform(a) else kept_counts(kept).tolist()
             size = prompt_bytes(a, counts, prefill.n, n_kv, head_dim, itemsize, layers)
-            held = cache_bytes(size, settings.H, n_kv, head_dim, itemsize)
+            generated = generated_bytes(a, settings.H, n_kv, head_dim, itemsize)
+            held = cache_bytes(size, settings.H, n_kv, head_dim, itemsize, generated)
             self.cache_bytes[a.name] = held.as_dict()
 
     def _bytes(self, name: str, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:

@@ -95,6 +95,7 @@ class _Intervention:
     masked: bool = False
     mask: list[torch.Tensor] | None = None
     decoding: DecodingSpec | None = None  # compression during decoding (its rows' own entries)
+    aging: Any = None  # its rows' generated entries quantized as they age (GeneratedQuantization)
 
     @property
     def evicting(self) -> bool:
@@ -529,6 +530,8 @@ def _rollout_units(
             logits = decode_step(model, tokens, position, cache, batch.shared)
             if cache.compressing:  # compression during decoding: each row from its own history
                 cache.after_call(batch.shared)
+            if cache.aging is not None:  # generated entries quantized as they age, per row
+                cache.aging.after_call(cache, batch.shared)
     arrays = [run.arrays() for run in runs]
     if cache.compressing:
         cache.add_outcomes(arrays, evicted)

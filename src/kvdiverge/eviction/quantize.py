@@ -19,13 +19,38 @@ recent entries in full precision. Here, for one layer's prompt cache of n entrie
   dtype (:func:`quantize_dequantize_groups`).
 
 The engine attends to the dequantized entries (:mod:`kvdiverge.eviction.transforms`), exactly
-what a dequantize-then-attend kernel computes. Generated entries stay in full precision
-(KIVI's residual window grows with them; quantizing them as they age is not done here).
+what a dequantize-then-attend kernel computes. The prompt part is one cache shared by every
+row of the action, quantized once after the prefill: its residual window is the prompt's last
+r entries and does not move as the rows generate.
+
+Generated entries (``generated``, default false). By default each row's own generated entries
+stay in full precision. With ``generated: true`` (KIVI's streaming part) each Y and Z row of
+the action quantizes its own generated entries as they age, from its own history, with the
+same b, G and r: after the model call that appends a row's t-th generated entry (t per layer
+and KV head, the same count for every row of a batch), that row's t generated entries are
+KIVI's cache of them as above with n = t, keeping their order:
+
+* the window: the row's last min(r, t) generated entries stay in full precision;
+* keys, per channel: its first ⌊(t − min(r, t))/G⌋·G generated entries, in groups of G
+  consecutive generated entries counted from the first one; a group is quantized once all of
+  its G entries have left the window (the incomplete group stays in full precision until then);
+* values, per token: its first t − min(r, t) generated entries, each as soon as it leaves the
+  window, in groups of G channels;
+* each group is quantized once, from the full-precision entries the model wrote, with the
+  rounding of :func:`quantize_dequantize_groups`, and the row attends to the dequantized
+  entries from the next call on (a call attends to its own new entry in full precision).
+
+The prompt part keeps its own quantization and its own window (above); the generated entries
+are quantized apart from it, per row. A Z row, which starts from a copy of its Y row's
+generated entries at the split, inherits them as they are and goes on from there. The X rows
+and every other action's rows are never touched (the engine's part:
+:mod:`kvdiverge.engine.generated_quantization`).
 
 Bytes per layer (:func:`kivi_layer_bytes`): per KV head, the packed codes ⌈n_k·d·b/8⌉ +
 ⌈n_v·d·b/8⌉ bytes, a scale and a zero point per group in the cache's dtype
 ((n_k/G)·d + n_v·(d/G) groups), and the full-precision entries ((n − n_k) + (n − n_v))·d in
-the cache's dtype.
+the cache's dtype. With ``generated: true`` a row's generated part at step H (H − 1 entries)
+holds :func:`kivi_layer_bytes` of n = H − 1 entries besides (:func:`generated_bytes`).
 """
 
 from __future__ import annotations
@@ -47,6 +72,7 @@ if typing.TYPE_CHECKING:  # torch is imported where it runs: parsing a config do
 __all__ = [
     "BITS",
     "QuantizeSelector",
+    "generated_bytes",
     "kivi_keys",
     "kivi_layer_bytes",
     "kivi_split",
@@ -131,13 +157,15 @@ def kivi_layer_bytes(
 @dataclass(frozen=True)
 class QuantizeSelector(PromptTransform):
     """KIVI's quantized prompt cache (module docstring): ``bits`` (2, 4 or 8), ``group_size``
-    (entries per key group, channels per value group) and ``residual`` (the most recent
-    entries kept in full precision)."""
+    (entries per key group, channels per value group), ``residual`` (the most recent entries
+    kept in full precision) and ``generated`` (each row's own generated entries quantized as
+    they age, with the same bits, group size and window; default false: full precision)."""
 
     name: ClassVar[str] = "quantize"
     bits: int = 4
     group_size: int = 32
     residual: int = 0
+    generated: bool = False
 
     def validate(self, action: ActionSpec, where: str) -> None:
         if action.budget is not None:
@@ -183,3 +211,17 @@ class QuantizeSelector(PromptTransform):
         return kivi_layer_bytes(
             n, n_kv, head_dim, self.bits, self.group_size, self.residual, itemsize
         )
+
+
+def generated_bytes(
+    action: ActionSpec, H: int, n_kv: int, head_dim: int, itemsize: int
+) -> int | None:
+    """Bytes of one layer's generated part at step H (H − 1 entries per row) of a ``quantize``
+    action with ``generated: true``: :func:`kivi_layer_bytes` of n = H − 1 entries (module
+    docstring); ``None`` for any other action (its generated entries stay in full precision)."""
+    method = getattr(action, "method", None)
+    if not (isinstance(method, QuantizeSelector) and method.generated):
+        return None
+    return kivi_layer_bytes(
+        max(H - 1, 0), n_kv, head_dim, method.bits, method.group_size, method.residual, itemsize
+    )
