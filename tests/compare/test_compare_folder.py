@@ -99,7 +99,16 @@ def test_labels_name_the_actions():
         ("=recent@0.5", "--actions: '=recent@0.5': expected LABEL=SPEC with a label before '='"),
         ("a=", "--actions: 'a=': expected an action after 'a='"),
         ("Mine=recent@0.5,mine=snapkv@0.5", "--actions: labels 'Mine' and 'mine' name the same"),
-        ("a\tb=recent@0.5", "--actions: label 'a\\tb': expected printable characters only"),
+        (
+            "a\tb=recent@0.5",
+            "--actions label: expected a non-empty string of at most 40 printable characters, "
+            "got 'a\\tb'",
+        ),
+        (
+            "a - b=recent@0.5",
+            "--actions label: expected a label without ' - ' (it separates the two actions of a "
+            "contrast), got 'a - b'",
+        ),
     ],
 )
 def test_bad_labels_are_one_line(actions, message):

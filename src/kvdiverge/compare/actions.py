@@ -8,6 +8,14 @@ table rows, the ``action`` column of every table. File names take the label thro
 :func:`path_name`, which escapes every character outside letters, digits and ``._-~@+=``, so no
 label or parameter value (``+tag=/../../x``) reaches a path unescaped.
 
+A given label follows the config's rule of display labels
+(:func:`kvdiverge.config.names.label_problem`: at most
+:data:`~kvdiverge.config.names.MAX_LABEL` printable characters, no ``" - "``), refused in the
+config's words after ``--actions label:``; so does ``LABEL@b`` of a budget sweep. A spec that is
+its own label is the action's text and takes no such limit. Labels are unique, also as file
+names on a case-insensitive file system (:func:`parse_actions`): unlike a config's labels,
+which stand beside the actions' names, these are the names.
+
 ``@<N>bit`` sets a prompt transformation's ``bits`` in place of a budget:
 ``quantize@4bit+group_size=32+residual=128`` is KIVI's quantized prompt cache at 4 bits
 (``docs/compression.md``).
@@ -33,7 +41,6 @@ import yaml
 from kvdiverge.eviction import ActionError, ActionSpec, parse_action
 
 __all__ = [
-    "MAX_LABEL",
     "CompareError",
     "LabelledAction",
     "add_cwd_to_path",
@@ -48,8 +55,6 @@ __all__ = [
     "contrast_pairs",
 ]
 
-MAX_LABEL = 80
-"""The longest label (characters)."""
 _MAX_FILE_STEM = 120
 
 
@@ -95,6 +100,15 @@ def _value(text: str) -> Any:
         return text
 
 
+def _check_label(label: str, option: str) -> None:
+    """The config's rule of display labels (module docstring), in its words after
+    ``<option> label:``."""
+    from kvdiverge.config.names import label_problem
+
+    if problem := label_problem(label):
+        raise CompareError(f"{option} label: {problem}")
+
+
 def _split_label(item: str, option: str) -> tuple[str, str]:
     head, eq, rest = item.partition("=")
     if not eq or "+" in head:
@@ -102,13 +116,7 @@ def _split_label(item: str, option: str) -> tuple[str, str]:
     label = head.strip()
     if not label:
         raise CompareError(f"{option}: {item!r}: expected LABEL=SPEC with a label before '='")
-    if len(label) > MAX_LABEL:
-        raise CompareError(
-            f"{option}: label {label[:20]!r}...: expected at most {MAX_LABEL} characters, "
-            f"got {len(label)}"
-        )
-    if not label.isprintable():
-        raise CompareError(f"{option}: label {label!r}: expected printable characters only")
+    _check_label(label, option)
     spec = rest.strip()
     if not spec:
         raise CompareError(f"{option}: {item!r}: expected an action after {label + '='!r}")
@@ -353,6 +361,8 @@ def sweep_budgets(
         for b in budgets:
             spec = "+".join([f"{selector}@{b}", *params])
             label = f"{a.label}@{b}" if a.label != a.spec else spec
+            if a.label != a.spec:
+                _check_label(label, "--budgets")
             action = dataclasses.replace(a.action, name=label, budget=b)
             try:
                 action.method.validate(action, f"actions.{label}")
@@ -379,20 +389,18 @@ def contrast_pairs(
     sweep: dict[str, tuple[str, float | int]],
     method: str | None = None,
 ) -> dict[str, str]:
-    """Each compared action → the baseline it is contrasted with. Without a sweep of the
-    baseline, the baseline itself. With one (``method``: the baseline's method,
-    :func:`baseline_method`), the baseline at the action's own budget: a paired grid, every
-    contrast at equal budget; an action not swept (no budget, or keeping everything) is then
-    contrasted with no baseline. The baseline's own points are no contrast."""
-    if baseline is None:
-        return {}
-    base_at = {b: label for label, (m, b) in sweep.items() if method is not None and m == method}
-    if not base_at:
-        return {a.label: baseline for a in swept if a.label != baseline}
-    out = {}
-    for a in swept:
-        if a.label in base_at.values() or a.label not in sweep:
-            continue
-        b = sweep[a.label][1]
-        out[a.label] = base_at[b]
-    return out
+    """Each compared action → the baseline it is contrasted with, by the config's rule of a
+    paired grid (:func:`kvdiverge.config.baselines.paired_baselines`, what a study's
+    ``baseline`` reads): without a sweep of the baseline, the baseline itself; with one
+    (``method``: the baseline's method, :func:`baseline_method`), the baseline at the action's
+    own budget, every contrast at equal budget. A swept baseline leaves no action of its own
+    label, so an action not swept (no budget, or keeping everything) is then contrasted with
+    no baseline; the baseline's own points are no contrast.
+
+    These are the config's baseline pairs, not its study contrasts
+    (:func:`kvdiverge.config.studies.study_contrasts`: a study's prespecified pairs among its
+    compared actions, each pair of the estimands table): a comparison prespecifies nothing and
+    sets every action against its one baseline."""
+    from kvdiverge.config.baselines import paired_baselines
+
+    return paired_baselines([a.label for a in swept], baseline, sweep, method)

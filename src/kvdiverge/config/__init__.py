@@ -1,8 +1,9 @@
 """The configuration in one place: how a run's config is read, what its schema fills in and
 refuses, how its names point at each other, and what its actions, decoding temperature,
 models, studies and baselines mean. The pipeline's rules (``workflow/rules/*.smk``) read it
-from here, and ``kvdiverge compare`` the rules it shares (a temperature, a sweep's budgets:
-:func:`temperature_value_problem`, :func:`is_budget`); a run's config is checked once at parse
+from here, and ``kvdiverge compare`` the rules it shares (a temperature, a sweep's budgets, a
+label, the pairs of a paired grid: :func:`temperature_value_problem`, :func:`is_budget`,
+:func:`label_problem`, :func:`paired_baselines`); a run's config is checked once at parse
 time (:func:`check_config`), one :class:`ConfigError` line naming the field or file.
 
 Modules, one concept each:
@@ -13,8 +14,9 @@ Modules, one concept each:
   :func:`templated`).
 * ``schema`` — kinds and ranges against ``workflow/schemas/config.schema.yaml``, defaults
   filled in place (:func:`validate_config`).
-* ``names`` — the one pattern of model, action, study, group and stratum names; escaped
-  wildcard constraints (:func:`wildcard_alternation`).
+* ``names`` — the one pattern of model, action, study, group and stratum names; the one rule of
+  display labels (:func:`label_problem`); escaped wildcard constraints
+  (:func:`wildcard_alternation`).
 * ``models`` — each model's folder (:func:`model_path`) and its form checked.
 * ``actions`` — the action entries parsed (:func:`configured_actions`), their budgets against
   the strata, display labels and budget sweeps (:func:`action_labels`,
@@ -22,7 +24,8 @@ Modules, one concept each:
 * ``temperature`` — the decoding temperature and what greedy decoding does to the replicates.
 * ``studies`` — studies, their controls, rollout groups, cohorts and families; their contrasts
   (:func:`study_contrasts`) and every name pointing into them.
-* ``baselines`` — a study's baseline and the pairs set against it (:func:`baseline_pairs`).
+* ``baselines`` — a study's baseline and the pairs set against it (:func:`baseline_pairs`, by
+  the rule of a paired grid that ``kvdiverge compare`` shares: :func:`paired_baselines`).
 * ``horizon`` — what ``rollout.H`` implies: the generation reserve, the analysis clock, the
   family estimands.
 * ``bounds`` — a config's extreme values (a temperature near 0, replicates beyond a trajectory
@@ -41,7 +44,6 @@ from __future__ import annotations
 from kvdiverge.analysis.groups import FIRST_GROUP, action_groups, study_groups
 from kvdiverge.config.actions import (
     DISPLAY_KEYS,
-    MAX_LABEL,
     action_labels,
     actions_problem,
     budget_sweeps,
@@ -51,7 +53,12 @@ from kvdiverge.config.actions import (
     is_budget,
     selector_entry,
 )
-from kvdiverge.config.baselines import baseline_contrasts, baseline_pairs, baseline_problem
+from kvdiverge.config.baselines import (
+    baseline_contrasts,
+    baseline_pairs,
+    baseline_problem,
+    paired_baselines,
+)
 from kvdiverge.config.bounds import extremes_problem
 from kvdiverge.config.errors import ConfigError
 from kvdiverge.config.horizon import (
@@ -62,9 +69,11 @@ from kvdiverge.config.horizon import (
 )
 from kvdiverge.config.models import BUILT_MODELS, check_length_tokenizer, check_models, model_path
 from kvdiverge.config.names import (
+    MAX_LABEL,
     NAME_PATTERN,
     NAME_RULE,
     config_name_problem,
+    label_problem,
     name_problem,
     wildcard_alternation,
 )
@@ -130,10 +139,12 @@ __all__ = [
     "extremes_problem",
     "greedy_replicates",
     "is_budget",
+    "label_problem",
     "load_schema",
     "load_yaml_strict",
     "model_path",
     "name_problem",
+    "paired_baselines",
     "rollout_temperature",
     "selector_entry",
     "study_contrasts",

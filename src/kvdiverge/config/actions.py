@@ -6,14 +6,15 @@ and parameters: a display ``label``, and a budget sweep ``budgets``. Both are ha
 parse time by :func:`kvdiverge.config.check_config` (:func:`actions_problem`, after the schema
 check).
 
-* ``label``: free text of at most :data:`MAX_LABEL` printable characters that the study's
-  figures (legends, tick labels) and tables (rows, headers, summary sentences) show in place of
-  the action's name. The name (the mapping key) still names files, folders and wildcards and is
-  the ``action`` of ``estimands.csv``, so a label never reaches a path and relabelling reruns no
-  rollout (the label is no selector parameter: :func:`selector_entry` leaves it out of the
-  action's spec, its lock and its trajectory metadata). Labels are distinct across actions
-  (each against the others' labels or, without one, names) and hold no ``" - "``, the separator
-  of a contrast's two actions (``"b - a"``).
+* ``label``: free text of at most :data:`~kvdiverge.config.names.MAX_LABEL` printable
+  characters that the study's figures (legends, tick labels) and tables (rows, headers, summary
+  sentences) show in place of the action's name (:func:`~kvdiverge.config.names.label_problem`,
+  the rule ``kvdiverge compare``'s labels follow too). The name (the mapping key) still names
+  files, folders and wildcards and is the ``action`` of ``estimands.csv``, so a label never
+  reaches a path and relabelling reruns no rollout (the label is no selector parameter:
+  :func:`selector_entry` leaves it out of the action's spec, its lock and its trajectory
+  metadata). Labels are distinct across actions (each against the others' labels or, without
+  one, names) and hold no ``" - "``, the separator of a contrast's two actions (``"b - a"``).
 * ``budgets``: a list of distinct budgets (fractions in (0, 1] or token counts >= 1) in place of
   ``budget``. The entry expands, in place, into one action per budget named ``<name>@<budget>``
   (``snapkv-sweep@0.25``; a valid name whenever ``<name>`` is, :mod:`kvdiverge.config.names`),
@@ -36,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvdiverge.config.errors import ConfigError
+from kvdiverge.config.names import label_problem
 from kvdiverge.eviction import (
     DISPLAY_KEYS,
     ActionError,
@@ -50,7 +52,6 @@ from kvdiverge.eviction import (
 
 __all__ = [
     "DISPLAY_KEYS",
-    "MAX_LABEL",
     "action_labels",
     "actions_problem",
     "budget_sweeps",
@@ -61,8 +62,6 @@ __all__ = [
     "selector_entry",
 ]
 
-MAX_LABEL = 40
-"""The longest label (characters)."""
 _BUDGETS = "a non-empty list of distinct budgets (fractions in (0, 1] or token counts >= 1)"
 
 
@@ -203,17 +202,8 @@ def _label_problem(
         if "label" not in spec:
             continue
         label = spec["label"]
-        where = f"config.actions.{origin.get(name, name)}.label"
-        expected = f"a non-empty string of at most {MAX_LABEL} printable characters"
-        if not isinstance(label, str) or not label.strip() or not label.isprintable():
-            return f"{where}: expected {expected}, got {label!r}"
-        if len(label) > MAX_LABEL:
-            return f"{where}: expected {expected}, got {len(label)} characters ({label!r})"
-        if " - " in label:
-            return (
-                f"{where}: expected a label without ' - ' (it separates the two actions of a "
-                f"contrast), got {label!r}"
-            )
+        if problem := label_problem(label):
+            return f"config.actions.{origin.get(name, name)}.label: {problem}"
     for name, spec in actions.items() if unique else ():
         shown = spec.get("label", name)
         if shown in seen:

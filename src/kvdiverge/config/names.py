@@ -1,4 +1,5 @@
-"""The names a user gives to models, actions, studies, rollout groups and strata: one pattern.
+"""The names a user gives to models, actions, studies, rollout groups and strata (one pattern),
+and the display labels of actions (one rule).
 
 A name becomes a folder or file name under ``output_dir`` (``results/{study}/{model}/
 trajectories/{action}/{stratum}.parquet``, ``results/{study}/locks/{group}.json``), a part of a
@@ -9,6 +10,15 @@ where it is put: it matches :data:`NAME_PATTERN` — a letter or digit, then let
 not). :func:`name_problem` says what is wrong with one, :func:`config_name_problem` with the
 first bad name of a configuration, in one line naming its key
 (:func:`kvdiverge.config.check_config` checks it first, at parse time).
+
+A display label (``actions.<name>.label``, and the ``LABEL`` of ``kvdiverge compare``'s
+``LABEL=SPEC`` items) is free text, not a name: at most :data:`MAX_LABEL` printable characters,
+not blank, and without ``" - "``, which separates the two actions of a contrast (``"b - a"``).
+:func:`label_problem` states that one rule for both front ends, each adding its own field
+(``config.actions.<name>.label``, ``--actions label``). Whether labels are unique is each front
+end's own check: a config's labels stand beside the actions' names (a label may not repeat
+another action's name), while compare's labels are the actions' names and name its files
+(two labels may not differ only in case).
 
 A wildcard constraint built from names (``model=…`` in ``workflow/rules/*.smk``) is a regular
 expression: :func:`wildcard_alternation` escapes each name, so ``smollm2+lora`` matches itself
@@ -22,9 +32,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "MAX_LABEL",
     "NAME_PATTERN",
     "NAME_RULE",
     "config_name_problem",
+    "label_problem",
     "name_problem",
     "wildcard_alternation",
 ]
@@ -35,6 +47,9 @@ NAME_RULE = (
     "and _ . + = @ -)"
 )
 _NAME = re.compile(NAME_PATTERN)
+MAX_LABEL = 40
+"""The longest display label (characters)."""
+_LABEL = f"a non-empty string of at most {MAX_LABEL} printable characters"
 
 
 def name_problem(name: object) -> str | None:
@@ -42,6 +57,22 @@ def name_problem(name: object) -> str | None:
     if isinstance(name, str) and _NAME.fullmatch(name) and ".." not in name:
         return None
     return f"expected {NAME_RULE}, got {name!r}"
+
+
+def label_problem(label: object) -> str | None:
+    """None for a valid display label (module docstring); else what was expected and what was
+    given, for one message line after the field's name: a string with a non-blank character,
+    printable characters only, ``len(label) <= MAX_LABEL``, no ``" - "``."""
+    if not isinstance(label, str) or not label.strip() or not label.isprintable():
+        return f"expected {_LABEL}, got {label!r}"
+    if len(label) > MAX_LABEL:
+        return f"expected {_LABEL}, got {len(label)} characters ({label!r})"
+    if " - " in label:
+        return (
+            "expected a label without ' - ' (it separates the two actions of a contrast), "
+            f"got {label!r}"
+        )
+    return None
 
 
 def wildcard_alternation(names: Iterable[str], none: str) -> str:
