@@ -30,7 +30,7 @@ import numbers
 import sys
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from kvdiverge.eviction.budgets import ActionError
 
@@ -43,6 +43,7 @@ if typing.TYPE_CHECKING:  # torch is imported where it runs: parsing a config do
 ActionSpec = Any
 
 __all__ = [
+    "WholePrompt",
     "check_scores",
     "check_unchanged",
     "checked_n_keep",
@@ -59,6 +60,32 @@ def selector_label(action: ActionSpec) -> str:
     press = getattr(getattr(action, "method", None), "press", None)
     extra = f" ({press})" if action.selector == "kvpress" and isinstance(press, str) else ""
     return f"selector {action.selector!r}{extra}"
+
+
+class WholePrompt:
+    """The selection step of a method that keeps the whole prompt (a prompt transformation, a
+    decoding compressor): every position kept (``n_keep(n) = n``), and no ``budget`` taken; one
+    is refused in one line saying what the method does (:attr:`acts_on`) and what sets its
+    memory instead (:attr:`sized_by`). Put before :class:`~kvdiverge.eviction.Selector` among
+    a method's bases."""
+
+    acts_on: ClassVar[str] = "acts on the whole prompt"
+    sized_by: ClassVar[str] = "its parameters set its memory"
+
+    def validate(self, action: ActionSpec, where: str) -> None:
+        if action.budget is not None:
+            raise ActionError(
+                f"{where}.budget: selector {action.selector!r} {self.acts_on} and takes no "
+                f"budget; omit budget ({self.sized_by})"
+            )
+
+    def n_keep(self, action: ActionSpec, n: int) -> int:
+        return n
+
+    def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
+        from kvdiverge.eviction.run import _all_positions
+
+        return _all_positions(prefill, prefill.n)
 
 
 def _where(action: ActionSpec) -> str:

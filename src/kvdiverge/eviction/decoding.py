@@ -37,13 +37,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvdiverge.eviction.budgets import ActionError
-from kvdiverge.eviction.contract import selector_label, user_call
+from kvdiverge.eviction.contract import WholePrompt, selector_label, user_call
 from kvdiverge.eviction.selectors import Selector, register_selector
 
 if typing.TYPE_CHECKING:  # torch is imported where it runs: parsing a config does not load it
     import torch
 
-    from kvdiverge.eviction.prefill import Prefill
     from kvdiverge.eviction.selectors import ActionSpec
 
 __all__ = [
@@ -55,32 +54,19 @@ __all__ = [
 ]
 
 
-class DecodingCompressor(Selector):
+class DecodingCompressor(WholePrompt, Selector):
     """Base class of decoding-time compressors (module docstring).
 
     It keeps every prompt position after the prefill (its selection step is the identity) and
-    takes no ``budget``: its parameters say how much a row keeps. Subclasses declare their
+    takes no ``budget``, refused in one line (:class:`~kvdiverge.eviction.contract.WholePrompt`):
+    its parameters say how much a row keeps. Subclasses declare their
     parameters as dataclass fields, as selectors do, and implement :meth:`schedule` and
     :meth:`compress`.
     """
 
     decodes: ClassVar[bool] = True
-
-    def validate(self, action: ActionSpec, where: str) -> None:
-        """A decoding compressor sets its own sizes: a ``budget`` is refused."""
-        if action.budget is not None:
-            raise ActionError(
-                f"{where}.budget: selector {action.selector!r} compresses each row's cache "
-                "during decoding and takes no budget; omit budget (its parameters set the sizes)"
-            )
-
-    def n_keep(self, action: ActionSpec, n: int) -> int:
-        return n
-
-    def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
-        from kvdiverge.eviction.run import _all_positions
-
-        return _all_positions(prefill, prefill.n)
+    acts_on: ClassVar[str] = "compresses each row's cache during decoding"
+    sized_by: ClassVar[str] = "its parameters set the sizes"
 
     def schedule(self, action: ActionSpec) -> tuple[int, int]:
         """(interval, max_entries): a row's layer cache is compressed after every ``interval``

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvdiverge.eviction.budgets import ActionError
-from kvdiverge.eviction.contract import check_unchanged, selector_label, user_call
+from kvdiverge.eviction.contract import WholePrompt, check_unchanged, selector_label, user_call
 from kvdiverge.eviction.selectors import Selector
 
 if typing.TYPE_CHECKING:  # torch is imported where it runs: parsing a config does not load it
@@ -52,32 +52,19 @@ __all__ = [
 ]
 
 
-class PromptTransform(Selector):
+class PromptTransform(WholePrompt, Selector):
     """Base class of prompt transformations (module docstring).
 
     It keeps every prompt position (its kept set is the whole prompt, so the selection step is
-    the identity) and takes no ``budget``: what it saves is counted in bytes
+    the identity) and takes no ``budget``, refused in one line
+    (:class:`~kvdiverge.eviction.contract.WholePrompt`): what it saves is counted in bytes
     (:meth:`layer_bytes`), not in entries. Subclasses declare their parameters as dataclass
     fields, as selectors do, and implement :meth:`transform_layer` and :meth:`layer_bytes`.
     """
 
     transforms: ClassVar[bool] = True
-
-    def validate(self, action: ActionSpec, where: str) -> None:
-        """A transformation acts on the whole prompt cache: a ``budget`` is refused."""
-        if action.budget is not None:
-            raise ActionError(
-                f"{where}.budget: selector {action.selector!r} transforms the whole prompt "
-                "cache and takes no budget; omit budget (its memory is counted in bytes)"
-            )
-
-    def n_keep(self, action: ActionSpec, n: int) -> int:
-        return n
-
-    def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
-        from kvdiverge.eviction.run import _all_positions
-
-        return _all_positions(prefill, prefill.n)
+    acts_on: ClassVar[str] = "transforms the whole prompt cache"
+    sized_by: ClassVar[str] = "its memory is counted in bytes"
 
     def check_shape(self, action: ActionSpec, n: int, n_kv: int, head_dim: int) -> None:
         """Refuse, in one :class:`ActionError` line, a prompt of ``n`` tokens or a model shape
