@@ -297,7 +297,7 @@ def test_a_prefill_without_the_action_is_a_clear_error(demo):
     [
         "CompressionRatioDecodingPress",
         "PrefillDecodingPress",
-        "MergingPress",
+        "CAMPress",
         "KVzipPress",
         "ThinKPress",
         "KeyRerotationPress",
@@ -325,8 +325,8 @@ def test_kvpress_action_errors_are_one_line(monkeypatch):
         ),
         ({"press": "KnormPress", "press_kwargs": {"windows": 3}}, "actions.x.press_kwargs: "),
         (
-            {"press": "AdaKVPress", "press_kwargs": {"press": "MergingPress"}},
-            "actions.x.press_kwargs.press.press: MergingPress is refused",
+            {"press": "AdaKVPress", "press_kwargs": {"press": "CAMPress"}},
+            "actions.x.press_kwargs.press.press: CAMPress is refused",
         ),
         ({"press": "KnormPress", "window": 3}, "actions.x.window: not a parameter of selector"),
     ]
@@ -334,7 +334,7 @@ def test_kvpress_action_errors_are_one_line(monkeypatch):
         with pytest.raises(ActionError) as info:
             parse_action({"selector": "kvpress", "budget": 0.5, **spec}, name="x")
         assert "\n" not in str(info.value) and str(info.value).startswith(message), info.value
-    assert set(REFUSED) >= {"PrefillDecodingPress", "MergingPress", "ThinKPress", "KVzipPress"}
+    assert set(REFUSED) >= {"PrefillDecodingPress", "CAMPress", "ThinKPress", "KVzipPress"}
     monkeypatch.setitem(sys.modules, "kvpress", None)  # kvpress not installed
     with pytest.raises(ActionError, match=r"needs kvpress \(pip install -e '\.\[kvpress\]'\)"):
         parse_action({"selector": "kvpress", "press": "KnormPress", "budget": 0.5}, name="x")

@@ -1,7 +1,7 @@
 """docs/compression.md's kvpress table lists every press class the installed kvpress exports,
 with the status the bridge gives it (kvdiverge.eviction.kvpress_status), and claims a test
-against kvpress's own output only for presses tests/eviction/test_kvpress_bridge.py or
-tests/eviction/test_kvpress_decoding.py runs."""
+against kvpress's own output only for presses tests/eviction/test_kvpress_bridge.py,
+tests/eviction/test_kvpress_decoding.py or tests/eviction/test_kvpress_merging.py runs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kvdiverge.eviction.kvpress_status import exported_presses, press_status  # 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "compression.md"
 BRIDGE_TESTS = [
-    ROOT / "tests" / "eviction" / f"test_kvpress_{n}.py" for n in ("bridge", "decoding")
+    ROOT / "tests" / "eviction" / f"test_kvpress_{n}.py" for n in ("bridge", "decoding", "merging")
 ]
 
 

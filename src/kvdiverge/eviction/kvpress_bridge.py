@@ -26,16 +26,21 @@ What is bridged (kvpress 0.5.5):
   ``1 − n_keep/n`` (they average ``n_keep`` up to rounding);
 * AdaKVPress around a ScorerPress: per-head counts, AdaKV's allocation (a safeguard of
   ``alpha_safeguard · n_keep`` per head, then the layer's ``H_kv · (n − n_keep)`` lowest scores
-  across heads evicted), so each layer keeps ``H_kv · n_keep`` entries in all.
+  across heads evicted), so each layer keeps ``H_kv · n_keep`` entries in all;
+* MergingPress around a ScorerPress: a prompt transformation (``transforms``): the inner
+  press's top ``n_keep`` positions per layer and KV head, keys unchanged, each evicted value
+  folded into its most cosine-similar kept neighbour by kvpress's own ``MergingPress.merge``
+  (:mod:`kvdiverge.eviction.kvpress_merging`).
 
 Presses that are not one eviction after the prefill are refused in one line saying why
 (:data:`REFUSED`). Nested presses (AdaKVPress's and CriticalKVPress's ``press``) are written
-as a press name or as ``{press: NAME, press_kwargs: {...}}``.
+as a press name or as ``{press: NAME, press_kwargs: {...}}``, MergingPress's ``press`` too.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -43,6 +48,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kvdiverge.eviction.budgets import ActionError
 from kvdiverge.eviction.contract import check_scores
 from kvdiverge.eviction.kvpress_decoding import check_base_press, decoding_kept, decoding_schedule
+from kvdiverge.eviction.kvpress_merging import (
+    check_merging_kwargs,
+    merged_entries,
+    merging_indices,
+    merging_layer_bytes,
+)
 from kvdiverge.eviction.selectors import ScoredSelector, _check_budget_field, register_selector
 
 if TYPE_CHECKING:
@@ -71,12 +82,11 @@ _NOT_YET = "not yet bridged"
 # kvpress press classes (and their subclasses) that the bridge refuses, with the reason.
 REFUSED: dict[str, str] = {
     "CompressionRatioDecodingPress": _RATIO_DECODING,
-    "CAMPress": "merges evicted entries' values into kept neighbours during decoding (a random "
-    "merge mask from the attention), so the cache is not a subset of the entries "
-    f"({_NOT_YET})",
+    "CAMPress": "merges evicted values into the next kept neighbours while decoding, by a "
+    "Bernoulli mask drawn from torch's global generator at each compression from the "
+    "attention summed over the decoding steps; the decoding bridge keeps subsets of each row's "
+    f"entries and passes no attention ({_NOT_YET})",
     "PrefillDecodingPress": _PREFILL_DECODING,
-    "MergingPress": "merges evicted entries into kept ones, so the cache is not a subset of the "
-    "prompt's entries",
     "KVzipPress": _RECONSTRUCTS,
     "FastKVzipPress": _RECONSTRUCTS,
     "RestoreKVPress": _RECONSTRUCTS,
@@ -96,7 +106,7 @@ REFUSED: dict[str, str] = {
     "CriticalAdaKVPress": f"head-wise two-stage allocation ({_NOT_YET})",
 }
 
-_SCORED, _PYRAMID, _ADAKV, _DECODE = "scored", "pyramid", "adakv", "decoding"
+_SCORED, _PYRAMID, _ADAKV, _DECODE, _MERGING = "scored", "pyramid", "adakv", "decoding", "merging"
 
 
 def _kvpress(where: str) -> Any:
@@ -111,11 +121,18 @@ def _kvpress(where: str) -> Any:
 
 def _press_kind(cls: type, where: str) -> str:
     """How the bridge runs a press class, or a one-line refusal saying why it cannot."""
-    from kvpress import AdaKVPress, DecodingPress, PyramidKVPress, ScorerPress
+    from kvpress import AdaKVPress, DecodingPress, MergingPress, PyramidKVPress, ScorerPress
 
     for base in cls.__mro__:
         if base.__name__ in REFUSED and base.__module__.startswith("kvpress"):
             raise ActionError(f"{where}: {cls.__name__} is refused: {REFUSED[base.__name__]}")
+    if issubclass(cls, MergingPress):  # a prompt transformation (kvpress_merging)
+        if all(getattr(cls, m) is getattr(MergingPress, m) for m in ("compress", "merge")):
+            return _MERGING
+        raise ActionError(
+            f"{where}: {cls.__name__} is refused: it overrides MergingPress's compress or merge, "
+            "so it is not known to leave MergingPress's cache"
+        )
     if issubclass(cls, DecodingPress):  # compression during decoding (kvpress_decoding)
         own = ("compress", "forward_hook", "_resolve_target_size")
         if all(getattr(cls, m) is getattr(DecodingPress, m) for m in own):
@@ -154,6 +171,8 @@ def _build_press(press: Any, press_kwargs: Any, where: str) -> tuple[Any, str]:
             f"{where}.press_kwargs.compression_ratio: the action's budget sets the kept count; "
             "remove compression_ratio"
         )
+    if kind == _MERGING:
+        check_merging_kwargs(kwargs, where)
     for key in ("press", "base_press"):  # a wrapper's inner press
         if key in kwargs:
             kwargs[key] = _inner_press(kwargs[key], f"{where}.press_kwargs.{key}")
@@ -186,7 +205,7 @@ def _inner_press(inner: Any, inner_where: str) -> Any:
         )
     else:
         inner_press, inner_kind = _build_press(inner, {}, inner_where)
-    if inner_kind in (_ADAKV, _DECODE):
+    if inner_kind in (_ADAKV, _DECODE, _MERGING):
         name = type(inner_press).__name__
         raise ActionError(f"{inner_where}: expected a ScorerPress, got {name}")
     return inner_press
@@ -302,6 +321,12 @@ class KvpressSelector(ScoredSelector):
         return self._built()[0]
 
     @property
+    def transforms(self) -> bool:
+        """Whether the action's prompt cache is tensors of its own (MergingPress's merged
+        values, :mod:`kvdiverge.eviction.kvpress_merging`), not the kept entries themselves."""
+        return self._built()[1] == _MERGING
+
+    @property
     def decodes(self) -> bool:
         """Whether the press compresses each row's cache during decoding (DecodingPress,
         :mod:`kvdiverge.eviction.kvpress_decoding`), not once after the prefill."""
@@ -368,8 +393,8 @@ class KvpressSelector(ScoredSelector):
 
         press, kind = self._built()
         n = layer.keys.shape[2]
-        press.compression_ratio = self.ratio(n, n_keep)
-        scorer = press.press if kind == _ADAKV else press
+        press.compression_ratio = self.ratio(n, n_keep)  # MergingPress: its inner press's
+        scorer = press.press if kind in (_ADAKV, _MERGING) else press
         attentions = layer.attentions
         if attentions is None and any(isinstance(p, ObservedAttentionPress) for p in _chain(press)):
             attentions = attention_probabilities(layer)
@@ -414,10 +439,16 @@ class KvpressSelector(ScoredSelector):
         return None
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
+        import torch
+
         kind = self._built()[1]
         observed = prefill.observed[action.name]
         if kind == _SCORED:
             return super().positions(prefill, action, n_keep)
+        if kind == _MERGING:  # the prefill that transform_layer then merges (held weakly)
+            object.__setattr__(self, "_merging_prefill", weakref.ref(prefill))
+            kept = [merging_indices(scores, n_keep).sort(dim=-1).values for scores in observed]
+            return torch.stack(kept)
         rows = []
         for entry in observed:
             if kind == _PYRAMID:
@@ -427,3 +458,39 @@ class KvpressSelector(ScoredSelector):
             else:
                 rows.append([mask.nonzero()[:, 0] for mask in entry])
         return _pad(rows)
+
+    def check_shape(self, action: ActionSpec, n: int, n_kv: int, head_dim: int) -> None:
+        """MergingPress acts on every shape (:meth:`PromptTransform.check_shape`)."""
+        return None
+
+    def transform_layer(
+        self,
+        action: ActionSpec,
+        layer: int,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MergingPress's cache of one layer (:func:`merged_entries`): the kept positions of
+        :meth:`positions` on the same prefill (kvpress's topk order of the inner press's
+        scores), the prefill's keys and values merged by kvpress's own ``merge``."""
+        n = keys.shape[1]
+        n_keep = self.n_keep(action, n)
+        if n_keep >= n:  # nothing evicted, nothing merged (the prefill did not observe it)
+            return keys.clone(), values.clone()
+        ref = self.__dict__.get("_merging_prefill")
+        prefill = ref() if ref is not None else None
+        if prefill is None or layer >= len(prefill.keys) or prefill.keys[layer] is not keys:
+            raise ActionError(
+                f"action {action.name!r}: MergingPress: transform_layer of layer {layer} on keys "
+                "that are not those of the prefill its positions were selected from; expected "
+                "select_positions(prefill, action) and then transformed_prefix(prefill, action)"
+            )
+        indices = merging_indices(prefill.observed[action.name][layer], n_keep)
+        return merged_entries(self.press_object(), keys, values, indices)
+
+    def layer_bytes(
+        self, action: ActionSpec, n: int, n_kv: int, head_dim: int, itemsize: int
+    ) -> int:
+        """MergingPress keeps ``n_keep`` entries per KV head (:func:`merging_layer_bytes`)."""
+        return merging_layer_bytes(self.n_keep(action, n), n_kv, head_dim, itemsize)

@@ -24,6 +24,9 @@ _KINDS = {
     "scored": "its own score inside the prefill, the top n_keep positions per layer and KV head",
     "pyramid": "per-layer counts from PyramidKV's own get_layer_budget",
     "adakv": "per-head counts by AdaKV's allocation around an inner ScorerPress",
+    "merging": "a prompt transformation: its inner ScorerPress's top n_keep positions per layer "
+    "and KV head with their keys, each evicted value folded into its most cosine-similar kept "
+    "neighbour by kvpress's own MergingPress.merge",
     "decoding": "compression during decoding: each row's whole cache every "
     "compression_interval steps, to target_size by its base press's own score (KnormPress, "
     "KeyDiffPress or StreamingLLMPress)",
