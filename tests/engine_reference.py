@@ -39,6 +39,41 @@ def reference_logits(model, ids, kept, tokens) -> torch.Tensor:
     return torch.stack(out)
 
 
+@torch.no_grad()
+def aged_reference_logits(model, ids, tokens, prompt, age) -> torch.Tensor:
+    """Plain transformers decoding of one row over a DynamicCache of batch 1 whose entries the
+    caller sets: the prompt part is ``prompt(keys, values)`` of the prompt's own full cache (per
+    layer, each (H_kv, n, d)); after every call the generated part is ``age(keys, values)`` of
+    the row's own generated entries as the model wrote them (full precision, (H_kv, t, d),
+    oldest first). ``tokens`` are fed at positions n, n+1, …. Returns the logits of steps
+    1..len(tokens)+1 (step 1: the prefill's), on the model's device."""
+    n = len(ids)
+    device = next(model.parameters()).device
+    out = model(torch.tensor([ids], device=device), use_cache=True)
+    cache = DynamicCache()
+    for layer, entry in enumerate(out.past_key_values.layers):
+        k, v = prompt(entry.keys[0], entry.values[0])
+        cache.update(k[None], v[None], layer)
+    widths = [layer.keys.shape[2] for layer in cache.layers]
+    written = [([], []) for _ in cache.layers]
+    logits = [out.logits[0, -1]]
+    for j, token in enumerate(tokens):
+        result = model(
+            input_ids=torch.tensor([[int(token)]], device=device),
+            position_ids=torch.tensor([[n + j]], device=device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits.append(result.logits[0, -1])
+        for layer, width, (keys, values) in zip(cache.layers, widths, written, strict=True):
+            keys.append(layer.keys[0, :, -1:].clone())  # the call's own entry, as written
+            values.append(layer.values[0, :, -1:].clone())
+            k, v = age(torch.cat(keys, dim=1), torch.cat(values, dim=1))
+            layer.keys = torch.cat([layer.keys[:, :, :width], k[None]], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :width], v[None]], dim=2)
+    return torch.stack(logits)
+
+
 def law_differences(model, ids, kept, everything, rollout, replicate: int) -> dict[str, float]:
     """Largest |engine − plain| next-token probability of one replicate, per stream.
 

@@ -190,5 +190,8 @@ def test_compression_config_passes_every_check():
         "full",
         "decoding-knorm",
         "streaming-192",
+        "merging-24",
+        "kivi-2bit-gen",
     }
     assert actions["streaming-192"]["selector"] == "streaming"
+    assert actions["kivi-2bit-gen"]["generated"] is True
