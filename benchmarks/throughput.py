@@ -31,8 +31,9 @@ Usage::
     python benchmarks/throughput.py                       # both models, both shapes
     python benchmarks/throughput.py --models smollm2 --shapes cpu-study --lengths 2048
     python benchmarks/throughput.py --sweep 48 96 192 384  # decode rate per row budget
-    # configs/compression.yaml's kinds of action (a selection, a quantized prompt, compression
-    # during decoding: streaming and kvpress's DecodingPress), each beside the control:
+    # configs/compression.yaml's kinds of action (a selection, a quantized prompt, with its
+    # generated entries quantized too, compression during decoding: streaming and kvpress's
+    # DecodingPress), each beside the control:
     python benchmarks/throughput.py --models smollm2 --shapes compression --threads 1
     # the replication's shapes (H = 128, 4K and 8K prompts, study 1's and study 2's actions),
     # today's gathered prompt attention beside the chosen layout:
@@ -99,6 +100,10 @@ COMPRESSION_KINDS = {
     "selection (snapkv-24)": parse_action({"selector": "snapkv", "budget": 0.24}, name="snapkv-24"),
     "transformation (kivi-4bit)": parse_action(
         {"selector": "quantize", "bits": 4, "group_size": 32, "residual": 32}, name="kivi-4bit"
+    ),
+    "transformation, generated too (kivi-2bit-gen)": parse_action(
+        {"selector": "quantize", "bits": 2, "group_size": 32, "residual": 0, "generated": True},
+        name="kivi-2bit-gen",
     ),
     "decoding (streaming-192)": parse_action(
         {"selector": "streaming", "sinks": 4, "window": 188}, name="streaming-192"
