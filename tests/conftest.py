@@ -9,6 +9,13 @@ The ``slow`` marker (docs/testing.md) is held to what it promises: a test that s
 (a process whose program is ``snakemake``, dry runs included) or that uses the materialized
 SmolLM2 (``smollm2_folder``), itself or through a fixture it requests, fails with one line
 naming it unless it is marked ``slow``, so that ``-m "not slow"`` runs neither.
+
+The two workers share the expensive set-ups (docs/testing.md, "Shared set-ups"): pyproject.toml's
+pytest options distribute by ``--dist loadgroup``, and :func:`pytest_collection_modifyitems`
+puts the tests that share a set-up in one ``xdist_group`` (every user of the materialized
+SmolLM2 in one; the tests of a module that share one of its module- or class-scoped fixtures in
+one), so that one worker builds it once while the other runs other tests, and moves the modules
+holding slow tests to the front, so that the last tests to run are short.
 """
 
 import json
@@ -36,8 +43,10 @@ def _is_slow(item) -> bool:
 
 
 def _unmarked(item, why: str) -> str:
+    group = item.get_closest_marker("xdist_group")  # --dist loadgroup appends "@<group>"
+    nodeid = item.nodeid.removesuffix(f"@{group.args[0]}") if group and group.args else item.nodeid
     return (
-        f"{item.nodeid} {why} but is not marked slow: add @pytest.mark.slow (or a module's "
+        f"{nodeid} {why} but is not marked slow: add @pytest.mark.slow (or a module's "
         'pytestmark), so that the fast run (-m "not slow", docs/testing.md) leaves it out'
     )
 
@@ -89,6 +98,45 @@ def pytest_runtest_setup(item):
 def pytest_runtest_teardown(item):
     yield
     _CURRENT["item"] = None
+
+
+SLOW_MODULES: set[str] = set()
+"""The collected modules holding a slow test (before any deselection), which run first."""
+SHARED_GROUP = "smollm2"
+"""The ``xdist_group`` of every test that uses the session's materialized SmolLM2."""
+
+
+def shared_setup_group(item: pytest.Item) -> str | None:
+    """The ``xdist_group`` that ``item`` joins, or None: :data:`SHARED_GROUP` when it uses
+    ``smollm2_folder`` (itself or through a fixture); its module's node id when it uses a
+    module- or class-scoped fixture defined in its own module (a set-up its module's tests
+    share, which each worker would otherwise build again)."""
+    if "smollm2_folder" in item.fixturenames:
+        return SHARED_GROUP
+    module = item.nodeid.split("::", 1)[0]
+    defs = item._fixtureinfo.name2fixturedefs
+    for name in item.fixturenames:
+        used = defs.get(name, ())[-1:]
+        if any(
+            d.scope in ("module", "class")
+            and (d.baseid == module or d.baseid.startswith(module + "::"))
+            for d in used
+        ):
+            return module
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests that share a set-up (:func:`shared_setup_group`; the group decides only
+    where ``--dist loadgroup`` runs them) and put the modules holding a slow test first, each
+    module's tests in their own order."""
+    for item in items:
+        group = shared_setup_group(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    SLOW_MODULES.update(item.nodeid.split("::", 1)[0] for item in items if _is_slow(item))
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in SLOW_MODULES)
 
 
 def pytest_configure(config) -> None:
