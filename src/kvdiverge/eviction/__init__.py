@@ -35,7 +35,8 @@ Modules: ``budgets``, ``prefill``, ``selectors``, ``run`` (running the prefill a
 selectors), ``contract``, ``builtin`` (``full``, ``recent``, ``snapkv``), ``kvpress_bridge``,
 ``kvpress_status`` (every press kvpress exports, bridged or refused), ``transforms`` and
 ``quantize``, ``decoding`` (compression during decoding: :class:`DecodingCompressor`, the
-built-in ``streaming``) and ``kvpress_decoding`` (kvpress's DecodingPress).
+built-in ``streaming``), ``kvpress_decoding`` (kvpress's DecodingPress) and
+``kvpress_merging`` (kvpress's MergingPress, a prompt transformation).
 """
 
 from __future__ import annotations
