@@ -158,6 +158,7 @@ def thread_times(n: int, n_q: int, threads: int) -> dict[str, float]:
 
     each = len(caches) / 1e3
     return {
+        "read K, V": best_wall(cold(lambda k, v: (k.sum(), v.sum()))) / each,
         "flash cold": best_wall(cold(flash)) / each,
         "native cold": best_wall(cold(lambda k, v: native.attend(q, k, v, scale))) / each,
         "native masked 50%": best_wall(
@@ -167,22 +168,38 @@ def thread_times(n: int, n_q: int, threads: int) -> dict[str, float]:
     }
 
 
+def gemm_wall_rate(threads: int) -> float:
+    """The GEMM's GFLOP/s on ``threads`` torch threads, wall clock (the threads share it)."""
+    torch.set_num_threads(threads)
+    m, k, n = GEMM
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    return 2 * m * k * n / best_wall(lambda: a @ b, 10) / 1e9
+
+
 def thread_table(lengths: list[int], queries: list[int], counts: list[int]) -> None:
+    """Per (n, Q) and thread count: each kernel's wall ms and speed-up over its first count,
+    beside the GEMM's own rate at that count, measured just before and after the row (the
+    yardstick: a second thread that gives the GEMM little gives a kernel little)."""
     if native.library() is None:
         raise SystemExit("the native prompt kernel is not built on this machine")
-    cols = ("flash cold", "native cold", "native masked 50%")
+    cols = ("read K, V", "flash cold", "native cold", "native masked 50%")
     print(f"torch {torch.__version__}, wall-clock ms per layer and document (cold)")
     print()
-    print("| n | Q per KV head | threads | " + " | ".join(cols) + " |")
-    print("|---:|---:|---:|" + "---:|" * len(cols))
+    print(
+        "| n | Q per KV head | threads | GEMM GFLOP/s (before–after) | " + " | ".join(cols) + " |"
+    )
+    print("|---:|---:|---:|---:|" + "---:|" * len(cols))
     for n in lengths:
         for n_q in queries:
             one = None
             for threads in counts:
+                before = gemm_wall_rate(threads)
                 times = thread_times(n, n_q, threads)
+                after = gemm_wall_rate(threads)
                 one = one or times
                 cells = " | ".join(f"{times[c]:.3f} ({one[c] / times[c]:.2f}×)" for c in cols)
-                print(f"| {n} | {n_q} | {threads} | {cells} |", flush=True)
+                rates = f"{before:.0f}–{after:.0f}"
+                print(f"| {n} | {n_q} | {threads} | {rates} | {cells} |", flush=True)
     torch.set_num_threads(1)
 
 
