@@ -55,7 +55,7 @@ def test_kernel_choices_is_empty_in_a_fresh_process_then_names_each_layout():
     assert json.loads(out[0]) == {}
     after = json.loads(out[1])
     assert set(after) == {"rows_own", "prompt_masked"}
-    assert after["rows_own"] == "library-flash-cpu"
+    assert after["rows_own"] in ("native-avx512", "library-flash-cpu")
     assert after["prompt_masked"] in ("native-avx512", "library-flash-cpu")
     assert all(isinstance(v, str) for v in after.values())
 

@@ -275,9 +275,9 @@ def shared_prefix_attention(
     SDPA attention. Each part gives a normalised output and its log-sum-exp; the exact softmax
     over the union is their mix with weight sigmoid(lse_prompt − lse_own) (log-sum-exp merge,
     docs/architecture.md, "Shared-prefix attention"). Every product goes through the kernel
-    registry (:mod:`kvdiverge.engine.kernels`): ``rows_own`` for the rows' own entries,
-    ``prompt_gathered``/``prompt_ragged`` for a group's gathered part, ``prompt_masked`` for a
-    masked pass.
+    registry (:mod:`kvdiverge.engine.kernels`): ``rows_own`` for the rows' own entries (the
+    native kernel merges them with the prompt parts in its pass), ``prompt_gathered``/
+    ``prompt_ragged`` for a group's gathered part, ``prompt_masked`` for a masked pass.
     The signature is transformers' own (``sdpa_attention_forward``'s order: ``dropout`` before
     ``scaling``), so wrappers that pass ``dropout`` by position, as kvpress's does, work.
     Returns (B, q, H, d) like transformers' attention functions.
@@ -300,10 +300,10 @@ def shared_prefix_attention(
     layer = module.layer_idx
     q = query.reshape(batch, n_kv, groups, d)
     # (B, H_kv, G, d), (B, H_kv, G)
-    o_own, lse_own = kernels.attend_own(q, key, value, scale, prefix.fused)
-    o_pre = torch.empty_like(o_own)
-    lse_pre = torch.empty_like(lse_own)
     flags = {"fused": prefix.fused, "native": prefix.native}
+    # the prompt parts first, (B, H_kv, G, d) and (B, H_kv, G), then the own part merged with them
+    o_pre = torch.empty((batch, n_kv, groups, d), dtype=torch.float32, device=q.device)
+    lse_pre = torch.empty((batch, n_kv, groups), dtype=torch.float32, device=q.device)
     for rows, run in prefix.plan():
         n_rows = rows.numel()
         qg = q.index_select(0, rows).transpose(0, 1).reshape(n_kv, n_rows * groups, d)
@@ -311,16 +311,12 @@ def shared_prefix_attention(
         o, lse = kernels.attend_prompt(layout, qg, pk, pv, scale, table, row_index, **flags)
         o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
         lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
-    if prefix.decoding is not None:  # rows compressed during decoding: their kept entries only
+    if prefix.decoding is None:
+        out, _ = kernels.attend_own(q, key, value, scale, **flags, prompt=(o_pre, lse_pre))
+    else:  # rows compressed during decoding: their kept entries only, then the merge
+        o_own, lse_own = kernels.attend_own(q, key, value, scale, **flags)
         prefix.decoding.attend(prefix, layer, q, key, value, scale, o_own, lse_own, o_pre, lse_pre)
-    # Each row's weights are padded to a multiple of 64 lanes so that the vectorised sigmoid
-    # treats every row alike: torch's CPU loop runs blocks of two vectors (32 floats with
-    # AVX-512) and a scalar tail that rounds differently, so with rows of 16 lanes the last row
-    # of an odd batch took the tail and the full control lost its bit-exactness.
-    diff = (lse_pre - lse_own).reshape(batch, n_heads)
-    diff = torch.nn.functional.pad(diff, (0, (-n_heads) % 64))
-    weight = torch.sigmoid(diff)[:, :n_heads].reshape(batch, n_kv, groups, 1)
-    out = o_own + weight * (o_pre - o_own)
+        out = kernels.dispatch.merge(o_own, lse_own, o_pre, lse_pre)
     return out.reshape(batch, n_heads, 1, d).transpose(1, 2).to(query.dtype), None
 
 

@@ -4,8 +4,9 @@
   kernel is validated against;
 * :mod:`kvdiverge.engine.kernels.library`: torch's fused kernels in the registry's conventions
   (masks as a padded-stride additive bias);
-* :mod:`kvdiverge.engine.kernels.native` and ``prompt_attention.c``: the native prompt kernel
-  (AVX-512), split over the threads torch is given;
+* :mod:`kvdiverge.engine.kernels.native`, ``prompt_attention.c`` and ``own_attention.c``: the
+  native prompt kernel and the rows' own-entries kernel (AVX-512, one library), split over the
+  threads torch is given;
 * :mod:`kvdiverge.engine.kernels.build`: its build cache, verified before every load;
 * :mod:`kvdiverge.engine.kernels.registry`: one registry keyed by (layout, device, dtype, head
   size) that validates each candidate once per process and logs its choice;

@@ -1,9 +1,10 @@
 """The native kernel's build cache: compiled once per source, compiler and flags, verified
 before every load, healed when damaged.
 
-The shared library is built into ``$KVDIVERGE_CACHE`` (default ``$XDG_CACHE_HOME/kvdiverge`` or
-``~/.cache/kvdiverge``) as ``prompt_attention-<digest>.so``, the digest covering the C source,
-the flags, the ABI and the compiler's ``--version``. At build time the compiler's output is
+The shared library (:data:`SOURCES`: the prompt kernel and the rows' own kernel, with their
+shared header) is built into ``$KVDIVERGE_CACHE`` (default ``$XDG_CACHE_HOME/kvdiverge`` or
+``~/.cache/kvdiverge``) as ``attention-<digest>.so``, the digest covering the C sources and
+header, the flags, the ABI and the compiler's ``--version``. At build time the compiler's output is
 loaded in a separate process (a file that is not a loadable library with the kernel's symbols
 and ABI crashes that process, not this one) and a checksum file beside it records its size and
 SHA-256; both are put in place by atomic renames, so concurrent jobs can share the cache.
@@ -34,6 +35,7 @@ __all__ = [
     "ABI",
     "FLAGS",
     "SOURCE",
+    "SOURCES",
     "BuildError",
     "build",
     "cache_dir",
@@ -45,9 +47,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ABI = 2  # kvd_abi_version() of the C source
-SYMBOLS = ("kvd_prompt_attention", "kvd_abi_version")
+ABI = 2  # kvd_abi_version() of the C sources
+SYMBOLS = ("kvd_prompt_attention", "kvd_own_attention", "kvd_abi_version")
 SOURCE = Path(__file__).with_name("prompt_attention.c")
+SOURCES = (SOURCE, SOURCE.with_name("own_attention.c"))
+"""The C files compiled into the one library (the prompt kernel first)."""
+HEADERS = (SOURCE.with_name("attention_math.h"),)
 FLAGS = ("-O3", "-mavx512f", "-mfma", "-fPIC", "-shared")
 PROBE_SECONDS = 10.0  # the compiler's --version
 COMPILE_SECONDS = 300.0
@@ -193,7 +198,8 @@ def _probe_load(path: Path) -> str | None:
 
 
 def _digest(version: str) -> str:
-    parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), str(ABI).encode(), version.encode()]
+    parts = [path.read_bytes() for path in (*SOURCES, *HEADERS)]
+    parts += [" ".join(FLAGS).encode(), str(ABI).encode(), version.encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -202,7 +208,7 @@ def build(command: list[str]) -> Path:
     passes :func:`verify`, else built now (the compiler's output loaded in a separate process,
     its checksum recorded, both renamed into place). Raises :class:`BuildError` with one line."""
     version = compiler_version(command)
-    target = cache_dir() / f"prompt_attention-{_digest(version)}.so"
+    target = cache_dir() / f"attention-{_digest(version)}.so"
     problem = verify(target)
     if problem is None:
         return target
@@ -218,7 +224,7 @@ def build(command: list[str]) -> Path:
     try:
         try:
             done = subprocess.run(
-                [*command, *FLAGS, "-o", tmp, str(SOURCE), "-lm"],
+                [*command, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=COMPILE_SECONDS,

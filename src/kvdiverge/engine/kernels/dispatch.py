@@ -5,9 +5,9 @@ Candidates, in order of preference per layout (``docs/engine.md``, "Attention ke
 ==================  =======================================  ==============================
 kernel              layouts                                  where
 ==================  =======================================  ==============================
-native-avx512       prompt_gathered, prompt_ragged,          CPU float32, head size a
-                    prompt_masked                            multiple of 16 up to 128,
-                                                             AVX-512 and a C compiler
+native-avx512       rows_own (merging with the prompt        CPU float32, head size a
+                    part), prompt_gathered, prompt_ragged,   multiple of 16 up to 128,
+                    prompt_masked                            AVX-512 and a C compiler
 library-flash-cpu   every layout                             CPU (torch's flash kernel)
 library-flash-cuda  rows_own, prompt_gathered                CUDA fp16/bf16
 library-efficient-  every layout (masks as a padded-stride   CUDA (memory-efficient kernel)
@@ -16,7 +16,9 @@ reference-float32   every layout                             everywhere (the ora
 ==================  =======================================  ==============================
 
 Each is validated against the reference before its first use per (layout, device, dtype, head
-size) (:mod:`kvdiverge.engine.kernels.registry`).
+size) (:mod:`kvdiverge.engine.kernels.registry`); the native ``rows_own`` candidate also merges
+the two parts of the attention in its pass (:func:`attend_own` with ``prompt``), and its
+validation covers that merge against :func:`merge`.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ from __future__ import annotations
 import torch
 
 from kvdiverge.engine.kernels import library, native, registry
-from kvdiverge.engine.kernels.reference import math_attention, prompt_reference
+from kvdiverge.engine.kernels.reference import (
+    agrees,
+    math_attention,
+    prompt_reference,
+    validation_problems,
+)
 from kvdiverge.engine.kernels.registry import Candidate, Key
 
-__all__ = ["PROMPT_LAYOUTS", "attend_own", "attend_prompt", "fused_masked_kernel"]
+__all__ = ["PROMPT_LAYOUTS", "attend_own", "attend_prompt", "fused_masked_kernel", "merge"]
 
 PROMPT_LAYOUTS = ("prompt_gathered", "prompt_ragged", "prompt_masked")
 _HALF = (torch.float16, torch.bfloat16)
@@ -56,8 +63,45 @@ def _native_run(q, k, v, scale, table=None, rows=None):
     return native.attend(q, k, v, scale, table, rows)
 
 
+def _native_own(q, k, v, scale, o_pre=None, lse_pre=None):
+    return native.attend_own(q, k, v, scale, o_pre, lse_pre)
+
+
+_MERGING = (_native_own,)  # rows_own kernels that also merge the prompt part in their pass
+
+
+def _native_own_validates(key: Key) -> bool:
+    """The native ``rows_own`` kernel agrees with the reference (:func:`agrees`), and merged
+    with a prompt part (random outputs, log-sum-exps around the own ones, one −inf: an empty
+    prompt part) agrees with :func:`merge` of the reference's parts (1e-5)."""
+    layout, device, dtype, d = key
+    if not agrees(_native_own, layout, dtype, device, d):
+        return False
+    gen = torch.Generator().manual_seed(2)
+    for q, k, v in validation_problems(layout, dtype, device, d):
+        o_own, lse_own = math_attention(q, k, v, d**-0.5)
+        o_pre = torch.randn(o_own.shape, generator=gen).to(device)
+        lse_pre = lse_own + 4 * torch.randn(lse_own.shape, generator=gen).to(device)
+        lse_pre.view(-1)[0] = float("-inf")
+        got = _native_own(q, k, v, d**-0.5, o_pre, lse_pre)[0]
+        want = merge(o_own, lse_own, o_pre, lse_pre)
+        if got.shape != want.shape or not torch.allclose(got, want, atol=1e-5, rtol=1e-5):
+            return False
+    return True
+
+
 def _register_all() -> None:
     reg = registry.register
+    reg(
+        Candidate(
+            "native-avx512",
+            ("rows_own",),
+            _native_own,
+            _native_claims,
+            _native_own_validates,
+            kind="native",
+        )
+    )
     reg(Candidate("native-avx512", PROMPT_LAYOUTS, _native_run, _native_claims, kind="native"))
     cpu, cuda = _on("cpu"), _on("cuda")
     reg(Candidate("library-flash-cpu", ("rows_own",), library.cpu_flash, cpu))
@@ -77,20 +121,56 @@ def _register_all() -> None:
 _register_all()
 
 
+def merge(
+    o_own: torch.Tensor, lse_own: torch.Tensor, o_pre: torch.Tensor, lse_pre: torch.Tensor
+) -> torch.Tensor:
+    """The attention over the union of two parts from each part's normalised float32 output
+    (B, h, s, d) and log-sum-exp (B, h, s): o_own + w·(o_pre − o_own) with
+    w = sigmoid(lse_pre − lse_own), the weight of the prompt part in the joint softmax."""
+    batch, heads, s, _ = o_own.shape
+    # Each row's weights are padded to a multiple of 64 lanes so that the vectorised sigmoid
+    # treats every row alike: torch's CPU loop runs blocks of two vectors (32 floats with
+    # AVX-512) and a scalar tail that rounds differently, so with rows of 16 lanes the last row
+    # of an odd batch took the tail and the full control lost its bit-exactness.
+    diff = (lse_pre - lse_own).reshape(batch, heads * s)
+    diff = torch.nn.functional.pad(diff, (0, (-heads * s) % 64))
+    weight = torch.sigmoid(diff)[:, : heads * s].reshape(batch, heads, s, 1)
+    return o_own + weight * (o_pre - o_own)
+
+
 def attend_own(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, fused: bool = True
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    fused: bool = True,
+    native: bool = True,
+    prompt: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``rows_own`` layout: (B, h, s, d) × (B, h, n, d) → float32 output and log-sum-exp
-    (B, h, s), through the registry's kernel (``fused=False``: the reference)."""
+    (B, h, s), through the registry's kernel (``fused=False``: the reference; ``native=False``:
+    no native kernel). ``prompt``: the prompt part's float32 output (B, h, s, d) and
+    log-sum-exp (B, h, s); the output is then the attention over both parts (:func:`merge`),
+    merged inside the kernel where it can (the native one), and the log-sum-exp stays the own
+    part's."""
     while True:
-        cand = registry.choose("rows_own", q.device, q.dtype, q.shape[-1], fused=fused)
+        cand = registry.choose(
+            "rows_own", q.device, q.dtype, q.shape[-1], fused=fused, native=native
+        )
         if cand.oracle or not (q.numel() and k.numel()):  # (fused kernels may fault on empty)
-            return math_attention(q, k, v, scale)
+            out, lse = math_attention(q, k, v, scale)
+            break
         try:
+            if prompt is not None and cand.run in _MERGING:
+                return cand.run(q, k, v, scale, *prompt)
             out, lse = cand.run(q, k, v, scale)
-            return out.float(), lse.float()
+            out, lse = out.float(), lse.float()
+            break
         except _FAILURES as exc:
             registry.drop(cand, "rows_own", q.device, q.dtype, q.shape[-1], exc)
+    if prompt is not None:
+        out = merge(out, lse, *prompt)
+    return out, lse
 
 
 def attend_prompt(

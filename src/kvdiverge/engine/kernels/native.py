@@ -13,6 +13,11 @@ build`: built on first use into the user's cache, verified before every load). E
 :func:`attend` splits a call's KV heads and query rows over the threads torch is given
 (ctypes releases the GIL during the call); every row is computed by the same instructions
 wherever it falls, so any split gives the one-thread result bit for bit.
+
+``own_attention.c``, in the same library, computes each decoding row's attention to its own
+generated entries (:func:`attend_own`: the ``rows_own`` layout, read in place from the row
+cache's views), and can merge it with the row's prompt part by their log-sum-exps in the same
+pass; its rows are split over the threads alike.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from kvdiverge.engine.kernels import build
 __all__ = [
     "BLOCK",
     "attend",
+    "attend_own",
     "capability_has_avx512",
     "cpu_has_avx512",
     "library",
@@ -121,6 +127,10 @@ def library() -> ctypes.CDLL | None:
             ptr = ctypes.c_void_p
             fn.argtypes = [ctypes.c_int] * 8 + [ptr] * 5 + [ctypes.c_float] + [ptr] * 3
             fn.argtypes += [ctypes.c_int]
+            own = lib.kvd_own_attention
+            own.restype = ctypes.c_int
+            own.argtypes = [ctypes.c_int] * 7 + [ptr] * 3 + [ctypes.POINTER(ctypes.c_int64)]
+            own.argtypes += [ctypes.c_float] + [ptr] * 5
     _LIB.append(lib)
     return lib
 
@@ -233,4 +243,88 @@ def attend(
         codes = list(_pool(min(threads, len(items))).map(piece, items))
     if any(codes):
         raise RuntimeError(f"native prompt kernel: head size {d} not supported")
+    return out, lse
+
+
+def attend_own(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    o_pre: torch.Tensor | None = None,
+    lse_pre: torch.Tensor | None = None,
+    threads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's attention to its own entries (``own_attention.c``), float32 CPU: q
+    (B, H_kv, G, d) over keys, values (B, H_kv, t, d), any strides with unit stride along d
+    (the row cache's views are read in place): output (B, H_kv, G, d) and log-sum-exp
+    (B, H_kv, G), contiguous, out = softmax(scale·q·kᵀ)·v and lse = log Σ_j exp(scale·q·k_j).
+
+    With the prompt part's output ``o_pre`` (B, H_kv, G, d) and log-sum-exp ``lse_pre``
+    (B, H_kv, G), the output is the attention over both parts instead, o + w·(o_pre − o) with
+    w = sigmoid(lse_pre − lse) (the log-sum-exp returned stays the own part's). With no entry
+    (t = 0) the output is 0 (merged: ``o_pre``) and the log-sum-exp −inf. ``threads`` share the
+    rows (default: torch's thread count, one for a call of fewer than ``_PARALLEL_PAIRS``
+    query-entry pairs); the result does not depend on them, nor a row's on its batch.
+    Raises ``RuntimeError`` when the library is absent or refuses the head size, ``ValueError``
+    for inputs that are not float32 CPU tensors of matching shapes.
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError("native own kernel: not available")
+    b, h, g, d = q.shape
+    t = keys.shape[-2]
+    if keys.shape != (b, h, t, d) or values.shape != keys.shape:
+        raise ValueError(
+            f"native own kernel: keys and values must be (B, H_kv, t, d) = ({b}, {h}, t, {d}), "
+            f"got {tuple(keys.shape)} and {tuple(values.shape)}"
+        )
+    merged = (o_pre, lse_pre)
+    tensors = (q, keys, values, *(x for x in merged if x is not None))
+    if any(x.dtype != torch.float32 or x.device.type != "cpu" for x in tensors):
+        raise ValueError("native own kernel: every input must be a float32 CPU tensor")
+    if (o_pre is None) != (lse_pre is None):
+        raise ValueError("native own kernel: o_pre and lse_pre come together")
+    if o_pre is not None and (o_pre.shape != q.shape or lse_pre.shape != q.shape[:3]):
+        raise ValueError(
+            f"native own kernel: o_pre must be {tuple(q.shape)} and lse_pre "
+            f"{tuple(q.shape[:3])}, got {tuple(o_pre.shape)} and {tuple(lse_pre.shape)}"
+        )
+    if d % 16 or not 0 < d <= 128:
+        raise RuntimeError(f"native own kernel: head size {d} not supported")
+    out = q.new_empty((b, h, g, d))
+    lse = q.new_empty((b, h, g))
+    if b * h * g == 0:
+        return out, lse
+    q, keys, values = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, keys, values))
+    if o_pre is not None:
+        o_pre, lse_pre = o_pre.contiguous(), lse_pre.contiguous()
+    strides = (ctypes.c_int64 * 9)(*q.stride()[:3], *keys.stride()[:3], *values.stride()[:3])
+    ld = -(-t // 16) * 16
+    args = (
+        q.data_ptr(),
+        keys.data_ptr(),
+        values.data_ptr(),
+        strides,
+        float(scale),
+        None if o_pre is None else o_pre.data_ptr(),
+        None if lse_pre is None else lse_pre.data_ptr(),
+        out.data_ptr(),
+        lse.data_ptr(),
+    )
+
+    def piece(rows: tuple[int, int]) -> int:
+        scratch = _scratch(g * ld + 2 * g)
+        return lib.kvd_own_attention(b, h, g, t, d, *rows, *args, scratch.data_ptr())
+
+    if threads is None:
+        threads = torch.get_num_threads() if b * h * g * t >= _PARALLEL_PAIRS else 1
+    step = -(-b // max(1, min(threads, b)))
+    items = [(r, min(b, r + step)) for r in range(0, b, step)]
+    if len(items) == 1:
+        codes = [piece(items[0])]
+    else:
+        codes = list(_pool(threads).map(piece, items))
+    if any(codes):
+        raise RuntimeError(f"native own kernel: head size {d} not supported")
     return out, lse
