@@ -32,8 +32,21 @@ kernel masked 50% (the native kernel splits its KV heads and rows over torch's t
 results are the same bits on any count), and each one's speed-up over its one-thread time. Wall
 time, not CPU time: several threads share the call. On a loaded machine these are upper bounds.
 
+With ``--own`` it prints instead, per batch of B decoding rows and own-entry count t, the
+milliseconds (one thread, CPU time) per layer call of the ``rows_own`` layout on SmolLM2's
+shapes (3 KV heads × G = 3 query heads, d = 64), over 30 layers of distinct row caches (each a
+(B, H_kv, capacity, d) buffer read through its [:B, :, :t] views, as the engine reads it):
+
+* ``flash``: the CPU flash kernel (``library-flash-cpu``); ``torch merge``: the log-sum-exp
+  merge with the prompt part in torch (``kvdiverge.engine.kernels.dispatch.merge``);
+  ``flash + merge``: both through ``dispatch.attend_own`` with ``native=False``, the engine's
+  path before the native kernel;
+* ``native``: ``kvdiverge.engine.kernels.native.attend_own``; ``native merged``: the engine's
+  path now, ``dispatch.attend_own`` with the prompt part merged inside the kernel;
+* ``read K, V``: one summing pass over the views (the floor of any kernel that reads them).
+
 Usage: ``python benchmarks/prompt_kernels.py [--lengths 4064 8064] [--queries 27 81 243]
-[--threads 1 2]``.
+[--threads 1 2] [--own [--rows 97] [--entries 64 128]]``.
 """
 
 from __future__ import annotations
@@ -43,7 +56,7 @@ import time
 
 import torch
 
-from kvdiverge.engine.kernels import native
+from kvdiverge.engine.kernels import dispatch, library, native
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 GEMM = (2048, 576, 1536)
@@ -203,6 +216,66 @@ def thread_table(lengths: list[int], queries: list[int], counts: list[int]) -> N
     torch.set_num_threads(1)
 
 
+def own_times(rows: int, t: int, capacity: int = 128, groups: int = 3) -> dict[str, float]:
+    """CPU milliseconds per layer call of the ``rows_own`` kernels (``--own``), one thread."""
+    gen = torch.Generator().manual_seed(0)
+    capacity = max(capacity, t)
+    shape = (rows, H_KV, capacity, D)
+    caches = [
+        (torch.randn(shape, generator=gen)[:, :, :t], torch.randn(shape, generator=gen)[:, :, :t])
+        for _ in range(LAYERS)
+    ]
+    query = torch.randn(rows, 1, H_KV * groups, D, generator=gen).transpose(1, 2)
+    q = query.reshape(rows, H_KV, groups, D)  # as the attention function folds the heads
+    o_pre = torch.randn(rows, H_KV, groups, D, generator=gen)
+    lse_pre = torch.randn(rows, H_KV, groups, generator=gen) + 5
+    scale = D**-0.5
+
+    def flash(k, v):
+        out, lse = library.cpu_flash(q, k, v, scale)
+        return out.float(), lse.float()
+
+    def engine(native_kernel):  # the call the attention function makes
+        return lambda k, v: dispatch.attend_own(
+            q, k, v, scale, native=native_kernel, prompt=(o_pre, lse_pre)
+        )
+
+    o_own, lse_own = flash(*caches[0])
+
+    def cold(fn):
+        return lambda: [fn(k, v) for k, v in caches]
+
+    each = LAYERS / 1e3
+    return {
+        "flash": best(cold(flash)) / each,
+        "torch merge": best(cold(lambda k, v: dispatch.merge(o_own, lse_own, o_pre, lse_pre)))
+        / each,
+        "flash + merge": best(cold(engine(False))) / each,
+        "native": best(cold(lambda k, v: native.attend_own(q, k, v, scale))) / each,
+        "native merged": best(cold(engine(True))) / each,
+        "read K, V": best(cold(lambda k, v: (k.sum(), v.sum()))) / each,
+    }
+
+
+def own_table(batches: list[int], entries: list[int]) -> None:
+    """``--own``: per (B, t), each ``rows_own`` path's ms per layer call and the new path's
+    speed-up over the old (flash + merge → native merged)."""
+    if native.library() is None:
+        raise SystemExit("the native kernels are not built on this machine")
+    torch.set_num_threads(1)
+    cols = ("flash", "torch merge", "flash + merge", "native", "native merged", "read K, V")
+    print(f"torch {torch.__version__}, 1 thread, CPU ms per layer call (30 layers' row caches)")
+    print()
+    print("| B | t | " + " | ".join(cols) + " | speed-up |")
+    print("|---:|---:|" + "---:|" * len(cols) + "---:|")
+    for rows in batches:
+        for t in entries:
+            ms = own_times(rows, t)
+            cells = " | ".join(f"{ms[c]:.3f}" for c in cols)
+            gain = ms["flash + merge"] / ms["native merged"]
+            print(f"| {rows} | {t} | {cells} | {gain:.1f}× |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4064, 8064])
@@ -210,7 +283,15 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, nargs="+", help="the thread table instead (e.g. 1 2)"
     )
+    parser.add_argument(
+        "--own", action="store_true", help="the rows_own table instead (--rows, --entries)"
+    )
+    parser.add_argument("--rows", type=int, nargs="+", default=[97])
+    parser.add_argument("--entries", type=int, nargs="+", default=[64, 128])
     args = parser.parse_args()
+    if args.own:
+        own_table(args.rows, args.entries)
+        return
     if args.threads:
         thread_table(args.lengths, args.queries, args.threads)
         return

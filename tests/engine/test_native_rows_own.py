@@ -130,8 +130,8 @@ def test_attend_own_equals_float64_and_the_reference(rows, n_kv, groups, t, d):
 def test_the_merge_equals_the_float64_union(rows, n_kv, groups, t, d):
     """With a prompt part (random outputs, log-sum-exps about the own ones, a few empty: −inf),
     the output is the attention over both parts (float64 here) to float32 rounding, the
-    log-sum-exp returned is the own part's bit for bit, and an empty prompt part leaves the
-    own output."""
+    log-sum-exp returned is the own part's bit for bit, an empty prompt part leaves the own
+    output, and the prompt part read through strided views gives the same bits."""
     gen = torch.Generator().manual_seed(rows + t + d)
     q = _queries(gen, rows, n_kv, groups, d)
     k, v = _row_cache(gen, rows, n_kv, t, d)
@@ -147,6 +147,10 @@ def test_the_merge_equals_the_float64_union(rows, n_kv, groups, t, d):
     assert torch.equal(lse, lse_own)
     _close(out, _merged(o_own, lse_own, o_pre, lse_pre), (rows, n_kv, groups, t, d))
     assert torch.equal(out[empty], o_own[empty])
+    # the prompt part as the attention function holds it, views of (H_kv, B, G, ·) buffers
+    o_first, lse_first = o_pre.transpose(0, 1).contiguous(), lse_pre.transpose(0, 1).contiguous()
+    strided = native.attend_own(q, k, v, scale, o_first.transpose(0, 1), lse_first.transpose(0, 1))
+    assert torch.equal(strided[0], out)
     # the library path's merge (dispatch.merge) agrees to float32 rounding
     _close(out, dispatch.merge(o_own, lse_own, o_pre, lse_pre), "dispatch.merge")
 

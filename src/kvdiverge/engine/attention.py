@@ -301,16 +301,20 @@ def shared_prefix_attention(
     q = query.reshape(batch, n_kv, groups, d)
     # (B, H_kv, G, d), (B, H_kv, G)
     flags = {"fused": prefix.fused, "native": prefix.native}
-    # the prompt parts first, (B, H_kv, G, d) and (B, H_kv, G), then the own part merged with them
-    o_pre = torch.empty((batch, n_kv, groups, d), dtype=torch.float32, device=q.device)
-    lse_pre = torch.empty((batch, n_kv, groups), dtype=torch.float32, device=q.device)
+    # the prompt parts first, then the own part merged with them; the prompt kernels' layout
+    # (H_kv, rows × G, ·) is kept: the queries gathered and the outputs scattered in one copy
+    # each along the rows of (H_kv, B, G, ·) buffers, read by the merge as (B, H_kv, G, ·) views
+    heads_first = q.transpose(0, 1)  # (H_kv, B, G, d)
+    o_pre = torch.empty((n_kv, batch, groups, d), dtype=torch.float32, device=q.device)
+    lse_pre = torch.empty((n_kv, batch, groups), dtype=torch.float32, device=q.device)
     for rows, run in prefix.plan():
         n_rows = rows.numel()
-        qg = q.index_select(0, rows).transpose(0, 1).reshape(n_kv, n_rows * groups, d)
+        qg = heads_first.index_select(1, rows).reshape(n_kv, n_rows * groups, d)
         layout, pk, pv, table, row_index = run(layer, groups)
         o, lse = kernels.attend_prompt(layout, qg, pk, pv, scale, table, row_index, **flags)
-        o_pre.index_copy_(0, rows, o.reshape(n_kv, n_rows, groups, d).transpose(0, 1))
-        lse_pre.index_copy_(0, rows, lse.reshape(n_kv, n_rows, groups).transpose(0, 1))
+        o_pre.index_copy_(1, rows, o.reshape(n_kv, n_rows, groups, d))
+        lse_pre.index_copy_(1, rows, lse.reshape(n_kv, n_rows, groups))
+    o_pre, lse_pre = o_pre.transpose(0, 1), lse_pre.transpose(0, 1)
     if prefix.decoding is None:
         out, _ = kernels.attend_own(q, key, value, scale, **flags, prompt=(o_pre, lse_pre))
     else:  # rows compressed during decoding: their kept entries only, then the merge

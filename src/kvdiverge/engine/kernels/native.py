@@ -261,7 +261,8 @@ def attend_own(
     (B, H_kv, G), contiguous, out = softmax(scale·q·kᵀ)·v and lse = log Σ_j exp(scale·q·k_j).
 
     With the prompt part's output ``o_pre`` (B, H_kv, G, d) and log-sum-exp ``lse_pre``
-    (B, H_kv, G), the output is the attention over both parts instead, o + w·(o_pre − o) with
+    (B, H_kv, G), any strides (views of the prompt kernels' (H_kv, B, G, …) buffers are read in
+    place), the output is the attention over both parts instead, o + w·(o_pre − o) with
     w = sigmoid(lse_pre − lse) (the log-sum-exp returned stays the own part's). With no entry
     (t = 0) the output is 0 (merged: ``o_pre``) and the log-sum-exp −inf. ``threads`` share the
     rows (default: torch's thread count, one for a call of fewer than ``_PARALLEL_PAIRS``
@@ -297,9 +298,11 @@ def attend_own(
     if b * h * g == 0:
         return out, lse
     q, keys, values = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, keys, values))
+    strides = [*q.stride()[:3], *keys.stride()[:3], *values.stride()[:3]]
     if o_pre is not None:
-        o_pre, lse_pre = o_pre.contiguous(), lse_pre.contiguous()
-    strides = (ctypes.c_int64 * 9)(*q.stride()[:3], *keys.stride()[:3], *values.stride()[:3])
+        o_pre = o_pre if o_pre.stride(-1) == 1 else o_pre.contiguous()
+        strides += [*o_pre.stride()[:3], *lse_pre.stride()]
+    strides = (ctypes.c_int64 * 15)(*strides)
     ld = -(-t // 16) * 16
     args = (
         q.data_ptr(),

@@ -93,14 +93,14 @@ INLINE void value_tile(const int rt, const int dv, const int t, const float *p, 
 
 /* One (row, KV head): G queries (stride qg) against t >= 1 keys and values (strides ks, vs).
  * s: G rows of ld >= t rounded up to 16 floats (scores, then weights); tot: 2 G floats (each
- * query's total weight, then its log-sum-exp); o: the
- * G normalised outputs (G x d, contiguous), merged when o_pre is given (G x d, with lse_pre);
+ * query's total weight, then its log-sum-exp); o: the G normalised outputs (G x d,
+ * contiguous), merged when o_pre is given (G rows of stride pg, with lse_pre of stride lg);
  * lse (G) or NULL. rt: query rows per value tile (registers: rt x dv accumulators). */
 INLINE void own_head(const int dv, const int rt, const int G, const int t, const float *q,
                      const int64_t qg, const float *k, const int64_t ks, const float *v,
                      const int64_t vs, const float scale, float *s, const int64_t ld,
-                     float *tot, const float *o_pre, const float *lse_pre, float *o,
-                     float *lse) {
+                     float *tot, const float *o_pre, const int64_t pg, const float *lse_pre,
+                     const int64_t lg, float *o, float *lse) {
     const int d = 16 * dv;
     const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
     for (int j0 = 0; j0 < t; j0 += KS) {
@@ -144,7 +144,9 @@ INLINE void own_head(const int dv, const int rt, const int G, const int t, const
         if (o_pre) {
             const __mmask16 m = cn == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cn) - 1);
             const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
-            const __m512 diff = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, lse_pre + c0),
+            float pre[16];
+            for (int i = 0; i < cn; i++) pre[i] = lse_pre[(c0 + i) * lg];
+            const __m512 diff = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, pre),
                                               _mm512_maskz_loadu_ps(m, tot + G + c0));
             const __m512 e = exp_neg(_mm512_min_ps(diff, _mm512_sub_ps(zero, diff)));
             const __mmask16 pos = _mm512_cmp_ps_mask(diff, zero, _CMP_GE_OQ);
@@ -157,7 +159,7 @@ INLINE void own_head(const int dv, const int rt, const int G, const int t, const
             for (int i = 0; i < d; i += 16) {
                 const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(og + i), inv);
                 if (o_pre) {
-                    const __m512 pre = _mm512_loadu_ps(o_pre + g * d + i);
+                    const __m512 pre = _mm512_loadu_ps(o_pre + g * pg + i);
                     _mm512_storeu_ps(og + i, _mm512_fmadd_ps(_mm512_set1_ps(w[g - c0]),
                                                              _mm512_sub_ps(pre, y), y));
                 } else {
@@ -173,9 +175,10 @@ INLINE void own_head(const int dv, const int rt, const int G, const int t, const
                               const float *k, const int64_t ks, const float *v,              \
                               const int64_t vs, const float scale, float *s,                 \
                               const int64_t ld, float *tot, const float *o_pre,              \
-                              const float *lse_pre, float *o, float *lse) {                  \
-        own_head((DV), (RT), G, t, q, qg, k, ks, v, vs, scale, s, ld, tot, o_pre, lse_pre,   \
-                 o, lse);                                                                    \
+                              const int64_t pg, const float *lse_pre, const int64_t lg,      \
+                              float *o, float *lse) {                                        \
+        own_head((DV), (RT), G, t, q, qg, k, ks, v, vs, scale, s, ld, tot, o_pre, pg, lse_pre, \
+                 lg, o, lse);                                                                \
     }
 OWN_HEAD(1, 4)
 OWN_HEAD(2, 4)
@@ -187,15 +190,16 @@ OWN_HEAD(7, 3)
 OWN_HEAD(8, 3)
 
 typedef void (*own_fn)(int, int, const float *, int64_t, const float *, int64_t, const float *,
-                       int64_t, float, float *, int64_t, float *, const float *, const float *,
-                       float *, float *);
+                       int64_t, float, float *, int64_t, float *, const float *, int64_t,
+                       const float *, int64_t, float *, float *);
 static const own_fn OWN_FNS[9] = {0,          own_head_1, own_head_2, own_head_3, own_head_4,
                                   own_head_5, own_head_6, own_head_7, own_head_8};
 
 /* The pass: see the file's head. q (B, n_kv, G, d), k and v (B, n_kv, t, d), each with unit
  * stride along d and the other strides (in floats) in strides[0:3] (q: row, head, query head),
- * strides[3:6] (k: row, head, entry) and strides[6:9] (v); o_pre (B, n_kv, G, d) and lse_pre
- * (B, n_kv, G) contiguous, or both NULL (no merge); out (B, n_kv, G, d) contiguous; lse
+ * strides[3:6] (k: row, head, entry) and strides[6:9] (v); o_pre (B, n_kv, G, d), unit stride
+ * along d, and lse_pre (B, n_kv, G), their strides in strides[9:12] and strides[12:15], or both
+ * NULL (no merge); out (B, n_kv, G, d) contiguous; lse
  * (B, n_kv, G) or NULL; scratch: G rows of ceil(t/16)*16 floats plus 2 G floats. Only rows
  * b0 <= b < b1 are computed (threads share a call's rows, each with its own scratch; every row
  * is computed alike wherever it is, so the split changes no bit). A row with no entry (t = 0)
@@ -216,7 +220,9 @@ int kvd_own_attention(const int B, const int n_kv, const int G, const int t, con
             float *l = lse ? lse + at : 0;
             if (t == 0) {
                 for (int64_t i = 0; i < (int64_t)G * d; i++)
-                    o[i] = o_pre ? o_pre[at * d + i] : 0.0f;
+                    o[i] = o_pre ? o_pre[b * strides[9] + h * strides[10] +
+                                         i / d * strides[11] + i % d]
+                                 : 0.0f;
                 if (l)
                     for (int g = 0; g < G; g++) l[g] = -INFINITY;
                 continue;
@@ -224,8 +230,9 @@ int kvd_own_attention(const int B, const int n_kv, const int G, const int t, con
             head(G, t, q + b * strides[0] + h * strides[1], strides[2],
                  k + b * strides[3] + h * strides[4], strides[5],
                  v + b * strides[6] + h * strides[7], strides[8], scale, scratch, ld,
-                 scratch + (int64_t)G * ld, o_pre ? o_pre + at * d : 0,
-                 o_pre ? lse_pre + at : 0, o, l);
+                 scratch + (int64_t)G * ld, o_pre ? o_pre + b * strides[9] + h * strides[10] : 0,
+                 strides[11], o_pre ? lse_pre + b * strides[12] + h * strides[13] : 0,
+                 strides[14], o, l);
         }
     return 0;
 }
