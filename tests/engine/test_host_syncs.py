@@ -1,4 +1,5 @@
-"""Host synchronisations per decode step (engine.rows and the attention it calls), counted.
+"""Host synchronisations per decode step (engine.rows and the attention it calls), counted:
+engine.rows' own tests (its row batch's relayouts are read here).
 
 On a GPU every read of a device value on the host (``item``, ``bool``, ``int``, ``tolist``,
 ``nonzero``, ``torch.equal``) and every tensor built from host data (a host-to-device copy)
@@ -22,16 +23,14 @@ from __future__ import annotations
 import collections
 import traceback
 
-import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from kvdiverge.engine import RolloutSettings
+from kvdiverge.engine import RolloutSettings, batched_paths
 from kvdiverge.engine import rows as rows_module
-from kvdiverge.engine.document import _Document
 from kvdiverge.eviction import parse_action
 
 READS = {"item", "__bool__", "__int__", "__float__", "__index__", "tolist", "numpy", "equal"}
@@ -88,13 +87,12 @@ def test_a_decode_step_reads_the_device_at_most_once(monkeypatch):
         parse_action({"selector": "recent", "budget": 1.0}, "full"),
     ]
     H, K = 16, 6
-    doc = _Document.plan("d", list(range(1, 61)), actions, K, "shared-reference")
+    documents = [("d", list(range(1, 61)), K)]  # one reference group: one unit of 6 replicates
     settings = RolloutSettings(H, 3, prompt_attention="auto")
-    doc.prepare(model, settings)
-    unit = doc.unit(0, np.arange(K))
-    rows_module._rollout_units(model, [unit], [0], settings)  # kernels validated: warm
+    for _ in batched_paths(model, documents, actions, [0], settings):
+        pass  # kernels validated: warm
     relayouts = []
-    real = rows_module._RowBatch.relayout
+    real = rows_module._RowBatch.relayout  # this file is engine.rows' own tests
 
     def counted(self):
         relayouts.append(len(steps))
@@ -103,12 +101,15 @@ def test_a_decode_step_reads_the_device_at_most_once(monkeypatch):
     monkeypatch.setattr(rows_module._RowBatch, "relayout", counted)
     counts: collections.Counter = collections.Counter()
     steps: list[dict] = []
-    with _Reads(counts), _Nonzero(counts):
-        arrays = rows_module._rollout_units(
-            model, [unit], [0], settings, on_step=lambda t: steps.append(dict(counts))
-        )
+
+    def on_step(batch, batches, t, horizon):
+        assert (batch, batches) == (0, 1)  # the document's one unit, decoded in one batch
+        steps.append(dict(counts))
+
+    with _Reads(counts), _Nonzero(counts):  # the prefill and selections fall in step 1
+        results = dict(batched_paths(model, documents, actions, [0], settings, on_step=on_step))
     assert len(steps) == H
-    split = arrays[0][0]["x_token"] != arrays[0][0]["y_token"]  # unit 0, action 0
+    split = results["d"]["recent-half"].x_token != results["d"]["recent-half"].y_token
     assert split.any()  # Z rows started: the layout changed at some step
     per_step = [
         {k: after.get(k, 0) - before.get(k, 0) for k in ("engine", "coupling", "torch")}

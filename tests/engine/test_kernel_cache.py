@@ -51,15 +51,16 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """An empty kernel cache of this test's own, and a fresh ``library()`` memo; the kernel not
-    turned off and the CPU read as having AVX-512 (these tests build and load the library; none
-    runs the kernel)."""
+    """An empty kernel cache of this test's own, and a fresh ``library()`` (``native.reset``,
+    again afterwards); the kernel not turned off and the CPU read as having AVX-512 (these tests
+    build and load the library; none runs the kernel)."""
     folder = tmp_path / "cache"
     monkeypatch.setenv("KVDIVERGE_CACHE", str(folder))
     monkeypatch.delenv("KVDIVERGE_NATIVE", raising=False)
     monkeypatch.setenv("KVDIVERGE_CPU_CAPABILITY", "AVX512")
-    monkeypatch.setattr(native, "_LIB", [])
-    return folder
+    native.reset()
+    yield folder
+    native.reset()  # the tests after it load the library under their own environment
 
 
 def _script(tmp_path, name, body):
@@ -159,7 +160,10 @@ def test_a_compiler_writing_garbage_leaves_nothing_and_falls_back(
         assert native.library() is None
     lines = _warnings(caplog)
     assert len(lines) == 1 and "not built" in lines[0] and "garbage-cc" in lines[0], lines
-    assert native._LIB == [None]  # remembered: not rebuilt on every call
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert native.library() is None
+    assert _warnings(caplog) == []  # remembered: not built again (a new try warns again)
     assert _libraries(cache) == []
 
 
@@ -194,7 +198,7 @@ def test_a_hanging_version_probe_times_out_once_and_is_cached(cache, tmp_path, m
     assert calls.read_text().splitlines() == ["--version"]
     record = json.loads((cache / "compilers.json").read_text())
     assert [entry for entry in record.values()] == [{"error": "gave no answer in 0.5 s"}]
-    monkeypatch.setattr(native, "_LIB", [])
+    native.reset()
     start = time.monotonic()
     assert native.library() is None
     assert time.monotonic() - start < 5  # no probe this time (the calls below say so)

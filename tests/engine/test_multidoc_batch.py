@@ -75,16 +75,14 @@ def demo(request, tmp_path_factory):
 def unit_batches(monkeypatch) -> list[list[int]]:
     """The documents' prompt lengths of every batch the engine decodes, in order."""
     batches: list[list[int]] = []
-    real = batches_module._rollout_units
+    real = batches_module.rollout_units
 
     def spy(model, units, eos_ids, settings, on_step=None):
         batches.append([unit.prefill.n for unit in units])
         return real(model, units, eos_ids, settings, on_step)
 
-    monkeypatch.setattr(batches_module, "_rollout_units", spy)  # several documents a call
-    monkeypatch.setattr(
-        rows_module, "_rollout_units", spy
-    )  # one document's groups (_rollout_chunk)
+    monkeypatch.setattr(batches_module, "rollout_units", spy)  # several documents a call
+    monkeypatch.setattr(rows_module, "rollout_units", spy)  # one document's groups at a time
     return batches
 
 
@@ -194,14 +192,14 @@ def test_skipped_documents_and_out_of_memory(demo, unit_batches, monkeypatch):
             for field in FIELDS + LAWS:
                 assert np.array_equal(getattr(r, field), getattr(whole[doc_id][name], field))
 
-    real = batches_module._rollout_units
+    real = batches_module.rollout_units
 
     def small_memory(model, units, eos_ids, settings, on_step=None):
         if sum(unit.rows for unit in units) > 9:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model, units, eos_ids, settings, on_step)
 
-    monkeypatch.setattr(batches_module, "_rollout_units", small_memory)
+    monkeypatch.setattr(batches_module, "rollout_units", small_memory)
     split = dict(batched_paths(model, docs, ACTIONS, eos, settings))
     for doc_id, results in split.items():
         for name, r in results.items():

@@ -43,6 +43,15 @@ needs_native = pytest.mark.skipif(
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
+@pytest.fixture
+def fresh_library():
+    """``native.library()`` forgotten before and after the test (``native.reset``): it reads
+    the environment the test sets, and the tests after it the environment they run under."""
+    native.reset()
+    yield
+    native.reset()
+
+
 def _native_chosen(layout="prompt_masked", d=64) -> bool:
     return registry.choose(layout, "cpu", torch.float32, d).name == "native-avx512"
 
@@ -196,7 +205,7 @@ def test_pack_keys_is_memoised_and_laid_out_in_blocks_of_64():
 
 
 @needs_native
-def test_engine_falls_back_without_the_library(monkeypatch):
+def test_engine_falls_back_without_the_library(monkeypatch, fresh_library):
     """With the library absent, the registry chooses the library kernel and shared-prefix
     attention (a masked pass with a ragged mask, a gathered group) gives the native path's
     results to 1e-5."""
@@ -226,8 +235,10 @@ def test_engine_falls_back_without_the_library(monkeypatch):
         for m in modules
     ]
     assert registry.kernel_choices()["prompt_masked"] == "native-avx512"
-    monkeypatch.setattr(native, "_LIB", [None])
+    monkeypatch.setenv("KVDIVERGE_NATIVE", "0")
+    native.reset()
     registry.reset()
+    assert native.library() is None
     for m, want in zip(modules, with_native, strict=True):
         got = attention.shared_prefix_attention(m, q, key, value, None, kvd_prefix=prefix())[0]
         assert torch.isfinite(got).all()
@@ -369,7 +380,9 @@ def test_cpu_flags_and_the_override_decide(tmp_path, monkeypatch):
         ({"KVDIVERGE_CPU_CAPABILITY": "AVX2"}, "this CPU has no AVX-512 (read from"),
     ],
 )
-def test_the_kernel_can_be_turned_off_and_the_library_kernels_run(env, reason, monkeypatch, caplog):
+def test_the_kernel_can_be_turned_off_and_the_library_kernels_run(
+    env, reason, monkeypatch, caplog, fresh_library
+):
     """``KVDIVERGE_NATIVE=0``, or a CPU capability read as without AVX-512: ``library()`` is
     ``None`` with one logged line naming why, and the registry chooses the library kernel for
     every prompt layout."""
@@ -377,7 +390,6 @@ def test_the_kernel_can_be_turned_off_and_the_library_kernels_run(env, reason, m
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(native, "_LIB", [])
     registry.reset()
     with caplog.at_level(logging.INFO, logger="kvdiverge.engine.kernels.native"):
         assert native.library() is None

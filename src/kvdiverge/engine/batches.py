@@ -14,7 +14,7 @@ import torch
 from kvdiverge.engine.batch_plan import _Piece, plan_batches
 from kvdiverge.engine.document import _check_actions, _Document
 from kvdiverge.engine.memory import keep_freed_memory
-from kvdiverge.engine.rows import _rollout_units, _running_row_steps, _Unit
+from kvdiverge.engine.rows import _running_row_steps, _Unit, rollout_units
 from kvdiverge.engine.settings import (
     ActionPaths,
     RolloutSettings,
@@ -76,7 +76,7 @@ def batched_paths(
     The documents' reference groups are packed in order into batches of at most
     ``settings.max_batch_rows`` rows (:func:`plan_batches`; every member of a group counted as
     evicting); each batch decodes as one model call per step, each document with its own
-    prompt groups, positions and common random numbers (:func:`_rollout_units`). A document
+    prompt groups, positions and common random numbers (:func:`rollout_units`). A document
     is prefilled (once, for all its actions) when its first batch runs and released after its
     last. Yields ``(doc_id, {action name: ActionPaths})`` in document order as each
     document's batches finish.
@@ -176,7 +176,7 @@ def _run_batch(
         units = [docs[p.doc].unit(p.group, p.replicates) for p in pieces]
         start = _clock(device)
         try:
-            arrays = _rollout_units(model, units, eos_ids, settings, on_step)
+            arrays = rollout_units(model, units, eos_ids, settings, on_step)
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not _is_oom(exc) or not splittable:
                 raise

@@ -78,6 +78,7 @@ from kvdiverge.theory.coupling import (
 
 __all__ = [
     "decode_step",
+    "rollout_units",
 ]
 
 log = logging.getLogger(__name__)
@@ -432,14 +433,16 @@ class _UnitRun:
 
 
 @torch.inference_mode()
-def _rollout_units(
+def rollout_units(
     model: torch.nn.Module,
     units: Sequence[_Unit],
     eos_ids: Sequence[int],
     settings: RolloutSettings,
     on_step: Callable[[int], None] | None = None,
 ) -> list[list[dict[str, np.ndarray]]]:
-    """Coupled rollouts of every unit of a batch: per unit, per intervention, its arrays.
+    """Coupled rollouts of every unit of a batch: per unit, per intervention, its arrays (the
+    call :func:`kvdiverge.engine.batches.batched_paths` makes per batch; a unit is one
+    document's reference group, or a chunk of its replicates, as the document's plan gives it).
 
     Each step runs ONE model call for all running rows of all units: per unit, the k reference
     rows X (its full prompt cache), each evicted intervention's k Y rows, and the Z rows (Q fed
@@ -572,10 +575,10 @@ def _rollout_chunk(
     settings: RolloutSettings,
 ) -> list[dict[str, np.ndarray]]:
     """Coupled rollouts of ``replicates`` of one document under every intervention, sharing
-    one X stream: :func:`_rollout_units` with this one unit (``prefix_full`` is the prefill's
+    one X stream: :func:`rollout_units` with this one unit (``prefix_full`` is the prefill's
     own cache)."""
     unit = _Unit(prefill, list(interventions), np.asarray(replicates), doc_key, salt)
-    return _rollout_units(model, [unit], eos_ids, settings)[0]
+    return rollout_units(model, [unit], eos_ids, settings)[0]
 
 
 def _rollout_replicates(

@@ -9,7 +9,8 @@ own entries. It reads each block of 64 prompt entries once for all the queries
 It is used where :func:`unavailable` is ``None``: ``KVDIVERGE_NATIVE`` is not ``0``, this CPU
 has AVX-512 (:func:`cpu_has_avx512`) and a C compiler builds it (:mod:`kvdiverge.engine.kernels.
 build`: built on first use into the user's cache, verified before every load). Elsewhere
-:func:`library` is ``None`` (one logged line) and the registry keeps the library kernels.
+:func:`library` is ``None`` (one logged line) and the registry keeps the library kernels. The
+first call's answer holds for the process (:func:`reset` forgets it).
 :func:`attend` splits a call's KV heads and query rows over the threads torch is given
 (ctypes releases the GIL during the call); every row is computed by the same instructions
 wherever it falls, so any split gives the one-thread result bit for bit.
@@ -42,6 +43,7 @@ __all__ = [
     "cpu_has_avx512",
     "library",
     "pack_keys",
+    "reset",
     "unavailable",
     "work_items",
 ]
@@ -133,6 +135,13 @@ def library() -> ctypes.CDLL | None:
             own.argtypes += [ctypes.c_float] + [ptr] * 5
     _LIB.append(lib)
     return lib
+
+
+def reset() -> None:
+    """Forget the loaded library, or why there was none: the next :func:`library` call reads
+    ``KVDIVERGE_NATIVE``, the CPU capability and ``$CC`` again and builds or loads afresh
+    (tests that change them; a process normally never resets)."""
+    _LIB.clear()
 
 
 def pack_keys(keys: torch.Tensor) -> torch.Tensor:

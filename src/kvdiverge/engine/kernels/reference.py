@@ -16,9 +16,19 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["agrees", "full_bias", "math_attention", "prompt_reference", "validation_problems"]
+__all__ = [
+    "MAX_SCORES",
+    "agrees",
+    "full_bias",
+    "math_attention",
+    "prompt_reference",
+    "validation_problems",
+]
 
-_MAX_SCORES = 1 << 26  # float32 scores held at once (256 MiB)
+MAX_SCORES = 1 << 26
+"""The most float32 scores :func:`math_attention` holds at once (2²⁶, 256 MiB): longer query
+sets are split into chunks of queries under it (read at each call, so a test lowers it to run
+the split on small inputs)."""
 
 
 def math_attention(
@@ -34,14 +44,14 @@ def math_attention(
     whatever the inputs' dtype (bf16 scores would lose the precision fused kernels keep
     internally). ``bias`` (…, 1, n) or (…, s, n) is added to the scores. A row with every key
     masked, or with no key (n = 0), gives output 0 and log-sum-exp −inf. The queries are split
-    so that at most 2²⁶ scores are held at once.
+    so that at most :data:`MAX_SCORES` scores are held at once.
     """
     s, n = q.shape[-2], k.shape[-2]
     if n == 0:
         shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         out = q.new_zeros((*shape, s, v.shape[-1]), dtype=torch.float32)
         return out, out.new_full((*shape, s), float("-inf"))
-    chunk = max(1, _MAX_SCORES // max(1, n * q[..., :1, :1].numel()))
+    chunk = max(1, MAX_SCORES // max(1, n * q[..., :1, :1].numel()))
     if s > chunk:  # bound the transient score matrix: split the queries (and a per-query bias)
         per_query = bias is not None and bias.shape[-2] == s > 1
         parts = [
