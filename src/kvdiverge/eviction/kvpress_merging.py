@@ -19,9 +19,11 @@ The merge is kvpress's own ``MergingPress.merge``, called on the prefill's keys 
 the kept positions in the order kvpress's ``topk`` gives them, so the cache is the one kvpress's
 own pipeline leaves (``tests/eviction/test_kvpress_merging.py``); this transformation returns
 the kept entries in ascending position order (the layout of a gathered kept set), the same
-entries in another order, which the attention does not see. Bytes (:func:`merging_layer_bytes`):
-the kept entries only, n_keep × 2 × d × the dtype's bytes per KV head, as the scorer keeping the
-same positions holds.
+entries in another order (the attention's sums then run in another order: float rounding
+only). On a CUDA device kvpress's ``scatter_add_`` adds the evicted values with atomics, in no
+fixed order, so the merged values there may differ from run to run in their last bits (on the
+CPU they are the same bit for bit). Bytes (:func:`merging_layer_bytes`): the kept entries only,
+n_keep × 2 × d × the dtype's bytes per KV head, as the scorer keeping the same positions holds.
 """
 
 from __future__ import annotations
