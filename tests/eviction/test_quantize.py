@@ -191,7 +191,12 @@ def test_compression_config_passes_every_check():
         "decoding-knorm",
         "streaming-192",
         "merging-24",
+        "kivi-2bit-r0",
         "kivi-2bit-gen",
     }
     assert actions["streaming-192"]["selector"] == "streaming"
     assert actions["kivi-2bit-gen"]["generated"] is True
+    # the contrast isolates the generated entries: the same prompt cache without them quantized
+    gen, r0 = actions["kivi-2bit-gen"], actions["kivi-2bit-r0"]
+    assert {k: v for k, v in gen.items() if k != "generated"} == r0
+    assert ["kivi-2bit-gen", "kivi-2bit-r0"] in cfg["analysis"]["contrasts"]["study1"]
