@@ -32,6 +32,15 @@
 #include "attention_math.h"
 
 #define KS 16 /* keys per score block: one vector of 16 scores */
+#ifndef OWN_PF
+#define OWN_PF 1 /* the next (row, KV head)'s entries asked for while this one's are used */
+#endif
+
+/* The cache lines of one entry (16 dv floats at e) asked into the second-level cache. */
+INLINE void prefetch_entry(const int dv, const float *e) {
+    if (OWN_PF && e)
+        for (int i = 0; i < dv; i++) _mm_prefetch((const char *)(e + 16 * i), _MM_HINT_T1);
+}
 
 /* r[j] = Σ_l a[j][l] for j < 16: the lane sums of 16 vectors as one vector, by a fixed tree
  * (pairs of vectors interleaved and added, then quadruples, then halves of 256 bits). */
@@ -72,9 +81,9 @@ INLINE __m512 score_block(const int dv, const __m512 *qv, const float *k, const 
 }
 
 /* acc[r][0:16 dv] = Σ_{j<t} p[r][j] v[j] for rt query rows (p rows of stride ld, v rows of
- * stride vs). */
+ * stride vs); the values nv (the next head's, or NULL) are prefetched alongside. */
 INLINE void value_tile(const int rt, const int dv, const int t, const float *p, const int64_t ld,
-                       const float *v, const int64_t vs, float *acc) {
+                       const float *v, const int64_t vs, float *acc, const float *nv) {
     __m512 c[4][8];
     for (int r = 0; r < rt; r++)
         for (int i = 0; i < dv; i++) c[r][i] = _mm512_setzero_ps();
@@ -82,6 +91,7 @@ INLINE void value_tile(const int rt, const int dv, const int t, const float *p, 
         __m512 a[4];
         for (int r = 0; r < rt; r++) a[r] = _mm512_set1_ps(p[r * ld + j]);
         const float *vj = v + (int64_t)j * vs;
+        prefetch_entry(dv, nv ? nv + (int64_t)j * vs : 0);
         for (int i = 0; i < dv; i++) {
             const __m512 b = _mm512_loadu_ps(vj + 16 * i);
             for (int r = 0; r < rt; r++) c[r][i] = _mm512_fmadd_ps(a[r], b, c[r][i]);
@@ -100,12 +110,14 @@ INLINE void own_head(const int dv, const int rt, const int G, const int t, const
                      const int64_t qg, const float *k, const int64_t ks, const float *v,
                      const int64_t vs, const float scale, float *s, const int64_t ld,
                      float *tot, const float *o_pre, const int64_t pg, const float *lse_pre,
-                     const int64_t lg, float *o, float *lse) {
+                     const int64_t lg, float *o, float *lse, const float *nk,
+                     const float *nv) {
     const int d = 16 * dv;
     const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
     for (int j0 = 0; j0 < t; j0 += KS) {
         const int kn = t - j0 < KS ? t - j0 : KS;
         const __mmask16 m = kn == KS ? (__mmask16)0xFFFF : (__mmask16)((1u << kn) - 1);
+        for (int j = 0; j < kn; j++) prefetch_entry(dv, nk ? nk + (int64_t)(j0 + j) * ks : 0);
         for (int g = 0; g < G; g++) {
             __m512 qv[8];
             for (int i = 0; i < dv; i++) qv[i] = _mm512_loadu_ps(q + g * qg + 16 * i);
@@ -130,11 +142,14 @@ INLINE void own_head(const int dv, const int rt, const int G, const int t, const
         if (lse) lse[g] = tot[G + g];
     }
     int g0 = 0;
-    for (; g0 + rt <= G; g0 += rt) value_tile(rt, dv, t, s + g0 * ld, ld, v, vs, o + g0 * d);
+    for (; g0 + rt <= G; g0 += rt) {
+        value_tile(rt, dv, t, s + g0 * ld, ld, v, vs, o + g0 * d, g0 ? 0 : nv);
+    }
+    const float *nv_left = g0 ? 0 : nv; /* prefetched by the first tile */
     switch (G - g0) {
-    case 3: value_tile(3, dv, t, s + g0 * ld, ld, v, vs, o + g0 * d); break;
-    case 2: value_tile(2, dv, t, s + g0 * ld, ld, v, vs, o + g0 * d); break;
-    case 1: value_tile(1, dv, t, s + g0 * ld, ld, v, vs, o + g0 * d); break;
+    case 3: value_tile(3, dv, t, s + g0 * ld, ld, v, vs, o + g0 * d, nv_left); break;
+    case 2: value_tile(2, dv, t, s + g0 * ld, ld, v, vs, o + g0 * d, nv_left); break;
+    case 1: value_tile(1, dv, t, s + g0 * ld, ld, v, vs, o + g0 * d, nv_left); break;
     default: break;
     }
     for (int c0 = 0; c0 < G; c0 += 16) { /* 16 query heads at a time */
@@ -176,9 +191,9 @@ INLINE void own_head(const int dv, const int rt, const int G, const int t, const
                               const int64_t vs, const float scale, float *s,                 \
                               const int64_t ld, float *tot, const float *o_pre,              \
                               const int64_t pg, const float *lse_pre, const int64_t lg,      \
-                              float *o, float *lse) {                                        \
+                              float *o, float *lse, const float *nk, const float *nv) {      \
         own_head((DV), (RT), G, t, q, qg, k, ks, v, vs, scale, s, ld, tot, o_pre, pg, lse_pre, \
-                 lg, o, lse);                                                                \
+                 lg, o, lse, nk, nv);                                                        \
     }
 OWN_HEAD(1, 4)
 OWN_HEAD(2, 4)
@@ -191,7 +206,8 @@ OWN_HEAD(8, 3)
 
 typedef void (*own_fn)(int, int, const float *, int64_t, const float *, int64_t, const float *,
                        int64_t, float, float *, int64_t, float *, const float *, int64_t,
-                       const float *, int64_t, float *, float *);
+                       const float *, int64_t, float *, float *, const float *,
+                       const float *);
 static const own_fn OWN_FNS[9] = {0,          own_head_1, own_head_2, own_head_3, own_head_4,
                                   own_head_5, own_head_6, own_head_7, own_head_8};
 
@@ -227,12 +243,16 @@ int kvd_own_attention(const int B, const int n_kv, const int G, const int t, con
                     for (int g = 0; g < G; g++) l[g] = -INFINITY;
                 continue;
             }
+            /* the next (row, KV head) of this range, whose entries are prefetched */
+            const int nb = h + 1 < n_kv ? b : b + 1, nh = h + 1 < n_kv ? h + 1 : 0;
+            const float *nk = nb < b1 ? k + nb * strides[3] + nh * strides[4] : 0;
+            const float *nv = nb < b1 ? v + nb * strides[6] + nh * strides[7] : 0;
             head(G, t, q + b * strides[0] + h * strides[1], strides[2],
                  k + b * strides[3] + h * strides[4], strides[5],
                  v + b * strides[6] + h * strides[7], strides[8], scale, scratch, ld,
                  scratch + (int64_t)G * ld, o_pre ? o_pre + b * strides[9] + h * strides[10] : 0,
                  strides[11], o_pre ? lse_pre + b * strides[12] + h * strides[13] : 0,
-                 strides[14], o, l);
+                 strides[14], o, l, nk, nv);
         }
     return 0;
 }
