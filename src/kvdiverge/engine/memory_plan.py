@@ -8,10 +8,14 @@ A rollout job holds, at its peak (:func:`batch_peak`):
   (:meth:`ModelShape.parameters`, equal to the transformers model's own count: tested);
 * for each document of the running batch, its prompt caches: the full cache (keys and values of
   every layer, :func:`kv_bytes`), each gathered action's kept entries, each masked action's
-  per-layer mask and additive bias (:func:`mask_bytes`);
+  per-layer mask and additive bias (:func:`mask_bytes`); a prompt transformation's and a
+  decoding action's own prompt part is gathered whatever its share of the prompt
+  (:class:`HeldPart`);
 * then the larger of the prefill of the batch's longest document (:func:`prefill_bytes`) and
   the decoding state: the rows' own generated entries (:func:`row_cache_bytes`) with a step's
-  logits and float64 coupling buffers (:func:`decode_bytes`).
+  logits and float64 coupling buffers (:func:`decode_bytes`), and in a batch with a decoding
+  action the masks of what each row keeps and their additive biases
+  (:func:`decoding_mask_bytes`).
 
 The batches are the engine's own (:func:`kvdiverge.engine.batches.plan_batches`), so the plan
 counts exactly the rows each model call holds. With ``max_batch_rows: auto`` the budget is the
@@ -41,6 +45,7 @@ __all__ = [
     "CONTEXT_BYTES",
     "KNOWN_CONFIGS",
     "USABLE_FRACTION",
+    "HeldPart",
     "JobPlan",
     "ModelShape",
     "auto_batch_rows",
@@ -48,6 +53,7 @@ __all__ = [
     "check_fits",
     "check_job_memory",
     "decode_bytes",
+    "decoding_mask_bytes",
     "format_plan",
     "job_plan_args",
     "kv_bytes",
@@ -173,6 +179,36 @@ def mask_bytes(shape: ModelShape, n: int) -> float:
     return shape.layers * shape.kv_heads * n * 9
 
 
+class HeldPart(int):
+    """Prompt entries per layer and KV head (:func:`job_kept`) held gathered whatever their
+    share: a prompt transformation's (n for KIVI, the kept count for MergingPress) and, with
+    ``decoding``, a decoding action's, whose rows also hold :func:`decoding_mask_bytes`."""
+
+    decoding: bool
+
+    def __new__(cls, entries: int, decoding: bool = False) -> HeldPart:
+        held = super().__new__(cls, entries)
+        held.decoding = decoding
+        return held
+
+
+def decoding_mask_bytes(
+    shape: ModelShape, rows: int, width: int, H: int, biased: Sequence[tuple[int, int]] = ()
+) -> float:
+    """What a batch with a decoding action holds for it besides the entries
+    (:class:`kvdiverge.engine.decoding_compression.CompressingRowCache`): per layer a bool mask
+    over every batch row's prompt part (``width``: the batch's longest decoding prompt part)
+    and own entries (max(H − 1, 1)), L·rows·H_kv·(width + max(H − 1, 1)); and, once a group has
+    evicted, each layer's float32 additive prompt bias of its rows and their int32 query row
+    index, L·(4·r·H_kv·n_g + 4·r·G) for each ``biased`` group of r rows and n_g prompt entries
+    (G: query heads per KV head)."""
+    L, n_kv = shape.layers, shape.kv_heads
+    masks = L * rows * n_kv * (width + max(H - 1, 1))
+    groups = shape.heads // n_kv
+    bias = sum(L * 4 * r * (n_kv * n_g + groups) for r, n_g in biased)
+    return float(masks + bias)
+
+
 def row_cache_bytes(shape: ModelShape, rows: int, H: int) -> float:
     """The rows' own generated entries, preallocated for H − 1 steps: 2·L·rows·H_kv·(H−1)·d·b."""
     return kv_bytes(shape, rows * max(H - 1, 1))
@@ -227,12 +263,14 @@ def _groups(actions: Sequence[str], K: int, K_control: int, control: str | None)
 
 def _part_bytes(shape: ModelShape, n: int, kept: Sequence[int], packed: bool = False) -> float:
     """A document's prompt caches: the full cache, and per action its gathered entries (kept
-    below :data:`MASKED_MIN_FRACTION` of n) or its mask (a masked action keeping less than n).
-    ``packed``: the CPU's native prompt kernel also holds each part's keys packed in blocks
-    (half its bytes again)."""
-    parts = [n] + [keep for keep in kept if keep < MASKED_MIN_FRACTION * n]
+    below :data:`MASKED_MIN_FRACTION` of n, or a :class:`HeldPart` of any size) or its mask (a
+    masked action keeping less than n). ``packed``: the CPU's native prompt kernel also holds
+    each part's keys packed in blocks (half its bytes again)."""
+    held = [keep for keep in kept if isinstance(keep, HeldPart)]
+    selected = [keep for keep in kept if not isinstance(keep, HeldPart)]
+    parts = [n] + [keep for keep in selected if keep < MASKED_MIN_FRACTION * n] + held
     total = sum(kv_bytes(shape, entries) for entries in parts) * (1.5 if packed else 1.0)
-    masked = sum(MASKED_MIN_FRACTION * n <= keep < n for keep in kept)
+    masked = sum(MASKED_MIN_FRACTION * n <= keep < n for keep in selected)
     return total + masked * mask_bytes(shape, n)
 
 
@@ -246,16 +284,19 @@ def batch_peak(
     window: int = 0,
     packed: bool = False,
     bias_rows: int = 0,
+    decoding_masks: float = 0.0,
 ) -> dict[str, float]:
     """Peak bytes of one batch, by part: the weights, the prompt caches of its documents
     (``lengths``, ``kept[d]`` per action), and the larger of the longest document's prefill and
     the decoding state of ``rows`` rows (units of at most ``k_max`` replicates). ``bias_rows``:
     the rows of the largest masked pass, whose additive bias the CUDA library kernels take
     materialised, (1, H_kv, rows·G, n) in the model's dtype, one layer at a time
-    (:func:`masked_bias_bytes`)."""
+    (:func:`masked_bias_bytes`). ``decoding_masks``: a decoding action's masks and biases
+    (:func:`decoding_mask_bytes`), part of the decoding state."""
     prefill = prefill_bytes(shape, max(lengths), window)
     bias = masked_bias_bytes(shape, bias_rows, max(lengths))
     decoding = row_cache_bytes(shape, rows, H) + decode_bytes(shape, rows, k_max) + bias
+    decoding += decoding_masks  # a decoding action's
     decodes = decoding >= prefill
     return {
         "weights": shape.parameters() * shape.dtype_bytes,
@@ -265,6 +306,7 @@ def batch_peak(
         "row caches": row_cache_bytes(shape, rows, H) if decodes else 0.0,
         "logits and coupling": decode_bytes(shape, rows, k_max) if decodes else 0.0,
         "masked bias": bias if decodes else 0.0,
+        "decoding masks": decoding_masks if decodes else 0.0,
         "prefill": prefill if not decodes else 0.0,
     }
 
@@ -318,10 +360,28 @@ def plan_job(
             window,
             packed,
             bias_rows if bias else 0,
+            _decoding_masks(shape, batch, kept, n_rows, H),
         )
         if sum(parts.values()) > sum(best.values()):
             best = parts
     return JobPlan(max_batch_rows, len(batches), rows, sum(best.values()), best, tuple(documents))
+
+
+def _decoding_masks(
+    shape: ModelShape, batch: Sequence[Any], kept: Sequence[Sequence[int]], rows: int, H: int
+) -> float:
+    """A batch's :func:`decoding_mask_bytes` (0 without a decoding action): each document's
+    decoding actions' biases over their Y and Z rows, two per replicate of its group 0."""
+    docs = sorted({p.doc for p in batch})
+    parts = {d: [k for k in kept[d] if getattr(k, "decoding", False)] for d in docs}
+    if not any(parts.values()):
+        return 0.0
+    width = max(int(k) for d in docs for k in parts[d])
+    biased = []
+    for d in docs:
+        replicates = sum(len(p.replicates) for p in batch if p.doc == d and p.group == 0)
+        biased += [(2 * replicates, int(k)) for k in parts[d] if replicates]
+    return decoding_mask_bytes(shape, rows, width, H, biased)
 
 
 def usable_bytes(device_bytes: float) -> float:
@@ -419,7 +479,8 @@ def format_plan(rows: Sequence[Mapping[str, Any]], device_gb: float) -> str:
     ]
     for r in rows:
         p = r["plan"]
-        decode = p.parts["row caches"] + p.parts["logits and coupling"] + p.parts["masked bias"]
+        decode = sum(p.parts[k] for k in ("row caches", "logits and coupling", "masked bias"))
+        decode += p.parts.get("decoding masks", 0.0)
         lines.append(
             f"| {r['job']} | {r['n']} | {r['K']} | {p.max_batch_rows} | {p.batches} | "
             f"{p.parts['weights'] / GB:.1f} | {p.parts['prompt caches'] / GB:.1f} | "
@@ -430,8 +491,21 @@ def format_plan(rows: Sequence[Mapping[str, Any]], device_gb: float) -> str:
 
 
 def job_kept(actions: Sequence[Any], n: int) -> list[int]:
-    """Each parsed action's kept entries of an n-token prompt (n for the control)."""
-    return [n if a.keeps_everything else min(int(a.n_keep(n)), n) for a in actions]
+    """Each parsed action's kept entries of an n-token prompt (n for the control); a prompt
+    transformation's and a decoding action's as a :class:`HeldPart` (held gathered whatever
+    their share; a decoding action's rows hold masks besides)."""
+    from kvdiverge.eviction import is_decoding, is_transform
+
+    out = []
+    for a in actions:
+        keep = n if a.keeps_everything else min(int(a.n_keep(n)), n)
+        if is_decoding(a):
+            out.append(HeldPart(keep, decoding=True))
+        elif is_transform(a):
+            out.append(HeldPart(keep))
+        else:
+            out.append(keep)
+    return out
 
 
 def plan_config(
