@@ -120,6 +120,7 @@ class PromptPass:
 
 
 _RAGGED = WeakIdKeyDictionary()  # a ragged part's padding mask → its (1, H_kv, n) bias
+_CALLS = WeakIdKeyDictionary()  # a SharedPrefix → its plan's kernel arguments per layer
 
 
 def _gathered_call(
@@ -301,16 +302,21 @@ def shared_prefix_attention(
     q = query.reshape(batch, n_kv, groups, d)
     # (B, H_kv, G, d), (B, H_kv, G)
     flags = {"fused": prefix.fused, "native": prefix.native}
-    # the prompt parts first, then the own part merged with them; the prompt kernels' layout
-    # (H_kv, rows × G, ·) is kept: the queries gathered and the outputs scattered in one copy
-    # each along the rows of (H_kv, B, G, ·) buffers, read by the merge as (B, H_kv, G, ·) views
-    heads_first = q.transpose(0, 1)  # (H_kv, B, G, d)
+    # the prompt parts first, then the own part merged with them; the outputs are scattered in
+    # the prompt kernels' layout (H_kv, rows × G, ·), along the rows of (H_kv, B, G, ·) buffers
+    # that the merge reads as (B, H_kv, G, ·) views
     o_pre = torch.empty((n_kv, batch, groups, d), dtype=torch.float32, device=q.device)
     lse_pre = torch.empty((n_kv, batch, groups), dtype=torch.float32, device=q.device)
-    for rows, run in prefix.plan():
+    calls = _CALLS.get(prefix)
+    if calls is None:
+        calls = _CALLS[prefix] = {}
+    for i, (rows, run) in enumerate(prefix.plan()):
         n_rows = rows.numel()
-        qg = heads_first.index_select(1, rows).reshape(n_kv, n_rows * groups, d)
-        layout, pk, pv, table, row_index = run(layer, groups)
+        qg = q.index_select(0, rows).transpose(0, 1).reshape(n_kv, n_rows * groups, d)
+        args = calls.get((i, layer, groups))
+        if args is None:  # the kernel's arguments: fixed while the row layout stays
+            args = calls[(i, layer, groups)] = run(layer, groups)
+        layout, pk, pv, table, row_index = args
         o, lse = kernels.attend_prompt(layout, qg, pk, pv, scale, table, row_index, **flags)
         o_pre.index_copy_(1, rows, o.reshape(n_kv, n_rows, groups, d))
         lse_pre.index_copy_(1, rows, lse.reshape(n_kv, n_rows, groups))
