@@ -35,8 +35,9 @@ Modules: ``budgets``, ``prefill``, ``selectors``, ``run`` (running the prefill a
 selectors), ``contract``, ``builtin`` (``full``, ``recent``, ``snapkv``), ``kvpress_bridge``,
 ``kvpress_status`` (every press kvpress exports, bridged or refused), ``transforms`` and
 ``quantize``, ``decoding`` (compression during decoding: :class:`DecodingCompressor`, the
-built-in ``streaming``), ``kvpress_decoding`` (kvpress's DecodingPress) and
-``kvpress_merging`` (kvpress's MergingPress, a prompt transformation).
+built-in ``streaming``), ``kvpress_decoding`` (kvpress's DecodingPress),
+``kvpress_merging`` (kvpress's MergingPress, a prompt transformation) and ``quantized_cache``
+(transformers' ``QuantizedCache`` backends, ``quantized-cache``, a prompt transformation).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from kvdiverge.eviction.decoding import DecodingCompressor, StreamingCompressor,
 from kvdiverge.eviction.kvpress_bridge import KvpressSelector
 from kvdiverge.eviction.prefill import LayerInputs, Prefill
 from kvdiverge.eviction.quantize import QuantizeSelector
+from kvdiverge.eviction.quantized_cache import QuantizedCacheSelector
 from kvdiverge.eviction.run import kept_counts, kept_positions, run_prefill, select_positions
 from kvdiverge.eviction.selectors import (
     DISPLAY_KEYS,
@@ -81,6 +83,7 @@ __all__ = [
     "Prefill",
     "PromptTransform",
     "QuantizeSelector",
+    "QuantizedCacheSelector",
     "RecentSelector",
     "ScoredSelector",
     "Selector",
