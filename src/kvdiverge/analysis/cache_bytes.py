@@ -37,10 +37,13 @@ CACHE_BYTES_COLUMNS = (
 
 
 def budget_label(action: Mapping[str, Any]) -> str:
-    """An action's budget as the table shows it: ``0.5``, ``512``, ``4 bits``, ``all``; for
-    compression during decoding its sizes (``4 + 188 entries``, ``192 entries every 8 steps``)."""
+    """An action's budget as the table shows it: ``0.5``, ``512``, ``4 bits``, ``4 bits
+    (quanto)`` (transformers' QuantizedCache), ``all``; for compression during decoding its
+    sizes (``4 + 188 entries``, ``192 entries every 8 steps``)."""
     if action.get("selector") == "quantize":
         return f"{action.get('bits')} bits"
+    if action.get("selector") == "quantized-cache":  # transformers' QuantizedCache
+        return f"{action.get('nbits')} bits ({action.get('backend')})"
     if action.get("selector") == "streaming":  # compression during decoding: its sizes
         return f"{action.get('sinks')} + {action.get('window')} entries"
     press = action.get("press_kwargs")

@@ -18,7 +18,8 @@ which stand beside the actions' names, these are the names.
 
 ``@<N>bit`` sets a prompt transformation's ``bits`` in place of a budget:
 ``quantize@4bit+group_size=32+residual=128`` is KIVI's quantized prompt cache at 4 bits
-(``docs/compression.md``).
+(``docs/compression.md``); for ``quantized-cache``, whose field is transformers' ``nbits``, it
+sets ``nbits`` (``quantized-cache@4bit+backend=hqq``).
 
 Namesake: :mod:`kvdiverge.config.actions` reads a config file's ``actions`` entries for the
 pipeline; this module reads the command line's items.
@@ -128,7 +129,7 @@ def _parse_spec(label: str, spec: str, option: str) -> ActionSpec:
     selector, at, budget = head.partition("@")
     entry: dict[str, Any] = {"selector": selector}
     if at and re.fullmatch(r"[0-9]+bit", budget.strip()):  # quantize@4bit: bits, no budget
-        entry["bits"] = int(budget.strip()[:-3])
+        entry["nbits" if selector == "quantized-cache" else "bits"] = int(budget.strip()[:-3])
     elif at:
         entry["budget"] = _value(budget)
     for p in params:
