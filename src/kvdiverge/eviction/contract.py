@@ -83,9 +83,11 @@ class WholePrompt:
         return n
 
     def positions(self, prefill: Prefill, action: ActionSpec, n_keep: int) -> torch.Tensor:
-        from kvdiverge.eviction.run import _all_positions
+        """Every prompt position of every layer and KV head: (layers, H_kv, n), 0..n − 1."""
+        import torch
 
-        return _all_positions(prefill, prefill.n)
+        n_layers, n_kv, n = len(prefill.keys), prefill.keys[0].shape[0], prefill.n
+        return torch.arange(n, device=prefill.keys[0].device).expand(n_layers, n_kv, n).clone()
 
 
 def _where(action: ActionSpec) -> str:
