@@ -65,8 +65,9 @@ CONFIG_CASES = {
     ),
     "unknown selector": (
         _set("actions.snapkv-half.selector", "h2o"),
-        "config.actions.snapkv-half.selector: expected one of full, quantize, recent, snapkv, "
-        "streaming, got 'h2o'",
+        "config.actions.snapkv-half.selector: expected one of full, quantize, quantized-cache, "
+        "recent, snapkv, streaming, got 'h2o' (or kvpress with a `press`, or "
+        "'package.module:Class' naming a Selector subclass of your own)",
     ),
     "even SnapKV kernel": (
         _set("actions.snapkv-half.kernel", 4),
