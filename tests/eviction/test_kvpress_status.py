@@ -49,6 +49,24 @@ def test_every_exported_press_is_listed_once_with_its_status():
             assert tested == ("yes" if f'"{name}"' in tests else "no"), name
 
 
+def test_table_is_kvpress_all_enumerated_here():
+    """The table's presses against ``kvpress.__all__`` read here, independently of
+    kvdiverge.eviction.kvpress_status: every exported name ending in "Press" but the two base
+    classes, and no other exported class is a press."""
+    import inspect
+
+    import kvpress
+
+    named = {n for n in kvpress.__all__ if n.endswith("Press")} - {"BasePress", "ScorerPress"}
+    for name in kvpress.__all__:
+        obj = getattr(kvpress, name)
+        if inspect.isclass(obj) and issubclass(obj, kvpress.BasePress):
+            assert name.endswith("Press"), name
+        if name in named:
+            assert inspect.isclass(obj) and issubclass(obj, kvpress.BasePress), name
+    assert len(named) == 44 and sorted(_table()) == sorted(named)
+
+
 def test_counts_in_the_text_match_the_table():
     table = _table()
     bridged = sum(status == "bridged" for status, _, _ in table.values())

@@ -193,6 +193,8 @@ def test_compression_config_passes_every_check():
         "merging-24",
         "kivi-2bit-r0",
         "kivi-2bit-gen",
+        "quanto-4bit",
+        "snapkv-157",
     }
     assert actions["streaming-192"]["selector"] == "streaming"
     assert actions["kivi-2bit-gen"]["generated"] is True
