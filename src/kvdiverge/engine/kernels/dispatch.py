@@ -8,7 +8,8 @@ kernel              layouts                                  where
 native-avx512       rows_own (merging with the prompt        CPU float32, head size a
                     part), prompt_gathered, prompt_ragged,   multiple of 16 up to 128,
                     prompt_masked                            AVX-512 and a C compiler
-library-flash-cpu   every layout                             CPU (torch's flash kernel)
+library-flash-cpu   every layout (prompt layouts in blocks   CPU (torch's flash kernel)
+                    of 32 query rows)
 library-flash-cuda  rows_own, prompt_gathered                CUDA fp16/bf16
 library-efficient-  every layout (masks as a padded-stride   CUDA (memory-efficient kernel)
 cuda                bias)
@@ -16,7 +17,9 @@ reference-float32   every layout                             everywhere (the ora
 ==================  =======================================  ==============================
 
 Each is validated against the reference before its first use per (layout, device, dtype, head
-size) (:mod:`kvdiverge.engine.kernels.registry`); the native ``rows_own`` candidate also merges
+size) (:mod:`kvdiverge.engine.kernels.registry`), and on the CPU checked to give every row the
+same bits wherever it lies in a call (:func:`~kvdiverge.engine.kernels.reference.stable`); the
+native ``rows_own`` candidate also merges
 the two parts of the attention in its pass (:func:`attend_own` with ``prompt``), and its
 validation covers that merge against :func:`merge`.
 """
@@ -27,6 +30,7 @@ import torch
 
 from kvdiverge.engine.kernels import library, native, registry
 from kvdiverge.engine.kernels.reference import (
+    ROW_BLOCK,
     agrees,
     math_attention,
     prompt_reference,
@@ -105,7 +109,8 @@ def _register_all() -> None:
     reg(Candidate("native-avx512", PROMPT_LAYOUTS, _native_run, _native_claims, kind="native"))
     cpu, cuda = _on("cpu"), _on("cuda")
     reg(Candidate("library-flash-cpu", ("rows_own",), library.cpu_flash, cpu))
-    reg(Candidate("library-flash-cpu", PROMPT_LAYOUTS, library.prompt_call(library.cpu_flash), cpu))
+    flash_cpu = library.prompt_call(library.cpu_flash, ROW_BLOCK)
+    reg(Candidate("library-flash-cpu", PROMPT_LAYOUTS, flash_cpu, cpu))
     half = _on("cuda", _HALF)
     reg(Candidate("library-flash-cuda", ("rows_own",), library.cuda_flash, half))
     flash = library.prompt_call(library.cuda_flash)

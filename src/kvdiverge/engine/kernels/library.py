@@ -7,7 +7,11 @@ kernel's dtype with its row stride padded to a multiple of :data:`BIAS_ALIGN` el
 (:func:`padded_bias`: the memory-efficient CUDA kernel refuses a bias whose rows are not
 aligned; torch's public ``scaled_dot_product_attention`` pads the same way), and sets the rows
 that keep no entry to output 0 and log-sum-exp −inf (:func:`empty_rows`; the fused kernels give
-NaN there), without a host synchronisation.
+NaN there), without a host synchronisation. The CPU flash kernel runs the prompt layouts in
+blocks of :data:`~kvdiverge.engine.kernels.reference.ROW_BLOCK` query rows (``row_block``):
+its own query blocks of 32 rows leave a tail of one to three rows whenever M is just past a
+multiple of 32, and torch's CPU matrix products round a product of so few rows differently, so
+without the blocks a row's bits depended on where it lay in the call.
 """
 
 from __future__ import annotations
@@ -83,10 +87,14 @@ def empty_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return dropped.index_select(0, rows.long() + 1).transpose(0, 1)
 
 
-def prompt_call(kernel: Any) -> Any:
+def prompt_call(kernel: Any, row_block: int | None = None) -> Any:
     """``kernel`` (a dense 4-D kernel with an optional bias) in the prompt convention: q
     (H_kv, M, d) over k, v (H_kv, n, d) with an optional bias table and row index; float32
-    output (H_kv, M, d) and log-sum-exp (H_kv, M), rows that keep nothing at 0 and −inf."""
+    output (H_kv, M, d) and log-sum-exp (H_kv, M), rows that keep nothing at 0 and −inf.
+
+    ``row_block``: the M query rows run as a batch of blocks of exactly that many rows (the
+    last padded with zero queries and no bias; k and v expanded, not copied), so that every
+    query block the kernel computes has the same shape whatever M is; None: one call of M rows."""
 
     def run(
         q: torch.Tensor,
@@ -96,9 +104,12 @@ def prompt_call(kernel: Any) -> Any:
         table: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        bias = None if table is None else padded_bias(table, rows, q.dtype)
-        out, lse = kernel(q[None], k[None], v[None], scale, bias)
-        out, lse = out[0].float(), lse[0].float()
+        if row_block is None:
+            bias = None if table is None else padded_bias(table, rows, q.dtype)
+            out, lse = kernel(q[None], k[None], v[None], scale, bias)
+            out, lse = out[0].float(), lse[0].float()
+        else:
+            out, lse = _in_blocks(kernel, row_block, q, k, v, scale, table, rows)
         if table is not None:
             empty = empty_rows(table, rows)
             out = out.masked_fill(empty[..., None], 0.0)
@@ -107,3 +118,31 @@ def prompt_call(kernel: Any) -> Any:
 
     run.__name__ = f"prompt_{kernel.__name__}"
     return run
+
+
+def _in_blocks(
+    kernel: Any,
+    block: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    table: torch.Tensor | None,
+    rows: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``kernel`` on q (H_kv, M, d) as (blocks, H_kv, ``block``, d): float32 (H_kv, M, d) output
+    and (H_kv, M) log-sum-exp (the padding rows dropped)."""
+    h, m, d = q.shape
+    blocks = max(1, -(-m // block))
+    width = blocks * block
+    qb = torch.nn.functional.pad(q, (0, 0, 0, width - m)).view(h, blocks, block, d)
+    qb = qb.transpose(0, 1).contiguous()
+    kb, vb = (x[None].expand(blocks, -1, -1, -1) for x in (k, v))
+    bias = None
+    if table is not None:
+        tail = torch.full((width - m,), -1, dtype=torch.int32, device=rows.device)
+        padded = torch.cat([rows.to(torch.int32), tail])
+        bias = padded_bias(table, padded, q.dtype)[0].unflatten(1, (blocks, block)).transpose(0, 1)
+    out, lse = kernel(qb, kb, vb, scale, bias)
+    out = out.transpose(0, 1).reshape(h, width, -1)[:, :m].float()
+    return out, lse.transpose(0, 1).reshape(h, width)[:, :m].float()

@@ -10,6 +10,13 @@ Two conventions (``docs/engine.md``, "Attention kernels"):
 
 Both return the normalised output and the log-sum-exp in float32; a row with every entry
 dropped (or no entry at all) gets output 0 and log-sum-exp −inf.
+
+A row's bits must not depend on where it lies in a call or on how many rows the call holds (the
+full control shares products with the reference rows, and rows leave the batch as they end):
+torch's CPU matrix products take another path, which rounds differently, for a product of at
+most three rows, so the prompt convention runs its queries in blocks of exactly
+:data:`ROW_BLOCK` rows (:func:`prompt_reference`), and every CPU candidate must pass
+:func:`stable` besides :func:`agrees`.
 """
 
 from __future__ import annotations
@@ -18,10 +25,13 @@ import torch
 
 __all__ = [
     "MAX_SCORES",
+    "ROW_BLOCK",
+    "STABLE_COUNTS",
     "agrees",
     "full_bias",
     "math_attention",
     "prompt_reference",
+    "stable",
     "validation_problems",
 ]
 
@@ -29,6 +39,11 @@ MAX_SCORES = 1 << 26
 """The most float32 scores :func:`math_attention` holds at once (2²⁶, 256 MiB): longer query
 sets are split into chunks of queries under it (read at each call, so a test lowers it to run
 the split on small inputs)."""
+
+ROW_BLOCK = 32
+"""Query rows per matrix product in the prompt convention (:func:`prompt_reference`, the CPU
+flash kernel's wrapper): the last block is padded with zero queries, so every product of a call
+has this many rows whatever the call holds."""
 
 
 def math_attention(
@@ -97,9 +112,36 @@ def prompt_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prompt convention's reference: q (H_kv, M, d) over k, v (H_kv, n, d), each query
     row m with the bias ``table[rows[m]]`` (none where −1, or without a table); float32
-    (H_kv, M, d) output and (H_kv, M) log-sum-exp."""
-    bias = None if table is None else full_bias(table, rows)
-    return math_attention(q, k, v, scale, bias)
+    (H_kv, M, d) output and (H_kv, M) log-sum-exp.
+
+    The M rows run in blocks of :data:`ROW_BLOCK` (the last padded with zero queries and no
+    bias), each block one product of exactly that many rows, as many blocks at once as keep
+    the scores under :data:`MAX_SCORES`: a row's bits do not depend on M or on its place."""
+    h, m, d = q.shape
+    n = k.shape[1]
+    blocks = -(-m // ROW_BLOCK)
+    if blocks == 0:
+        return math_attention(q, k, v, scale)
+    pad = blocks * ROW_BLOCK - m
+    qb = torch.nn.functional.pad(q, (0, 0, 0, pad)).view(h, blocks, ROW_BLOCK, d)
+    bias = None
+    if table is not None:
+        bias = torch.nn.functional.pad(full_bias(table, rows), (0, 0, 0, pad))
+        bias = bias.view(h, blocks, ROW_BLOCK, n)
+    step = max(1, MAX_SCORES // max(1, h * ROW_BLOCK * n))
+    parts = [
+        math_attention(
+            qb[:, i : i + step],
+            k[:, None],
+            v[:, None],
+            scale,
+            None if bias is None else bias[:, i : i + step],
+        )
+        for i in range(0, blocks, step)
+    ]
+    out = torch.cat([p[0] for p in parts], dim=1).reshape(h, blocks * ROW_BLOCK, -1)
+    lse = torch.cat([p[1] for p in parts], dim=1).reshape(h, blocks * ROW_BLOCK)
+    return out[:, :m], lse[:, :m]
 
 
 def validation_problems(
@@ -165,4 +207,61 @@ def agrees(run, layout: str, dtype: torch.dtype, device: torch.device | str, d: 
                 return False
         if layout != "rows_own" and not bool((got[0][torch.isneginf(want[1])] == 0).all()):
             return False
+    return True
+
+
+STABLE_COUNTS = (1, 2, 3, 4, 5, 31, 33, 34, 35, 67)
+"""Query rows of :func:`stable`'s calls in the prompt convention: a few (the matrix products'
+own path for at most three rows) and just past one and two blocks of 32 (a blocked kernel's
+tail of one to three rows)."""
+
+
+def stable(run, layout: str, dtype: torch.dtype, device: torch.device | str, d: int) -> bool:
+    """Whether kernel ``run`` gives every row the same bits wherever it lies in a call and
+    however many rows the call holds: ``rows_own`` on batches of 1 to 9 rows cut from one of 10
+    (2 KV heads, 3 queries, 21 own entries); a prompt layout on 1 to 67 query rows
+    (:data:`STABLE_COUNTS`, from the first and from the second row) cut from a call of 100 over
+    45 prompt entries, with the layout's masks as in :func:`validation_problems`. Output and
+    log-sum-exp must equal the whole call's rows exactly (torch.equal)."""
+    gen = torch.Generator().manual_seed(4)
+    scale = d**-0.5
+
+    def same(got, want, cut) -> bool:
+        return all(torch.equal(g, w[cut]) for g, w in zip(got, want, strict=True))
+
+    try:
+        if layout == "rows_own":
+            q, k, v = (
+                torch.randn((10, 2, s, d), generator=gen).to(device, dtype) for s in (3, 21, 21)
+            )
+            want = run(q, k, v, scale)
+            for start, count in ((0, 1), (9, 1), (2, 3), (1, 5), (1, 9)):
+                cut = slice(start, start + count)
+                if not same(run(q[cut], k[cut], v[cut], scale), want, cut):
+                    return False
+            return True
+        m, n = 100, 45
+        q, k, v = (torch.randn((2, s, d), generator=gen).to(device, dtype) for s in (m, n, n))
+        table = rows = None
+        if layout == "prompt_ragged":
+            table = torch.zeros((1, 2, n))
+            table[:, 1, n // 2 :] = float("-inf")
+            rows = torch.zeros(m, dtype=torch.int32)
+        elif layout == "prompt_masked":
+            drop = torch.rand((2, 2, n), generator=gen) < 0.5
+            drop[1, 0] = True
+            table = torch.zeros(drop.shape).masked_fill_(drop, float("-inf"))
+            rows = torch.arange(m, dtype=torch.int32) % 3 - 1
+        if table is not None:
+            table = table.to(device)
+        want = run(q, k, v, scale, table, rows)
+        for count in STABLE_COUNTS:
+            for start in (0, 1):
+                cut = slice(start, start + count)
+                index = None if rows is None else rows[cut]
+                got = run(q[:, cut], k, v, scale, table, index)
+                if not same(got, want, (slice(None), cut)):
+                    return False
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
+        return False
     return True

@@ -11,8 +11,11 @@ shared_prefix_attention`:
 
 Candidates are registered in order of preference (:func:`register`). The first time a key is
 asked for (:func:`choose`), each candidate that claims the key is validated against the float32
-reference (:mod:`kvdiverge.engine.kernels.reference`) on small random problems; the first that
-agrees is kept for the process and the choice is logged once. On CUDA (a machine with a CUDA
+reference (:mod:`kvdiverge.engine.kernels.reference`) on small random problems and, on a CPU key,
+checked to give every row the same bits wherever it lies in a call and however many rows the
+call holds (:func:`~kvdiverge.engine.kernels.reference.stable`: the full control is bit-exact on
+one CPU thread only so); the first that passes is kept for the process and the choice is logged
+once. On CUDA (a machine with a CUDA
 device; not with ``KVDIVERGE_KERNEL_TIMING=0``) every candidate that agrees is timed on one
 problem of a decoding step's size (:func:`timing_problem`, :func:`measure`) and a later one
 displaces the preferred only when :data:`TIMING_MARGIN` times faster (:func:`fastest`); the
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvdiverge.engine.kernels.reference import agrees
+from kvdiverge.engine.kernels.reference import agrees, stable
 
 __all__ = [
     "LAYOUTS",
@@ -69,7 +72,8 @@ class Candidate:
     convention (:mod:`kvdiverge.engine.kernels.library`); ``claims(key)`` whether it serves
     the key at all (device, dtype, head size, availability on this machine);
     ``validate(key)`` whether it agrees with the reference there (run once per key; by default
-    :func:`kvdiverge.engine.kernels.reference.agrees` on the layout's validation problems).
+    :func:`kvdiverge.engine.kernels.reference.agrees` on the layout's validation problems); on a
+    CPU key it must also pass :func:`kvdiverge.engine.kernels.reference.stable`.
     One name may serve several layouts through several candidates (one per convention)."""
 
     name: str
@@ -164,11 +168,18 @@ def _validated(cand: Candidate, key: Key) -> bool:
     memo = _VALIDATED.get((cand.name, key))
     if memo is None:
         try:
+            layout, device, dtype, d = key
             if cand.validate is not None:
                 memo = bool(cand.validate(key))
             else:
-                layout, device, dtype, d = key
                 memo = agrees(cand.run, layout, dtype, device, d)
+            if memo and device == "cpu" and not stable(cand.run, layout, dtype, device, d):
+                log.warning(
+                    "attention kernel %s: a row's bits depend on its place in the call on %s",
+                    cand.name,
+                    key,
+                )
+                memo = False
         except Exception as exc:  # a candidate's own fault: it is never chosen
             log.warning("attention kernel %s: validation raised (%s)", cand.name, exc)
             memo = False
