@@ -164,7 +164,7 @@ def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch
     np.testing.assert_allclose(small.tv_rollout, whole.tv_rollout, atol=1e-5)
     assert np.array_equal(subset.y_token, whole.y_token[4:])
 
-    real_chunk = document_module._rollout_chunk
+    real_chunk = document_module.rollout_chunk
     sizes = []
 
     def fake_oom(*args, **kwargs):
@@ -173,7 +173,7 @@ def test_replicates_are_keyed_not_positional_and_batches_split(demo, monkeypatch
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real_chunk(*args, **kwargs)
 
-    monkeypatch.setattr(document_module, "_rollout_chunk", fake_oom)
+    monkeypatch.setattr(document_module, "rollout_chunk", fake_oom)
     split = paths_under_action(model, ids, SNAPKV_HALF, "doc-e", 6, eos, RolloutSettings(12, 2))
     assert sizes[0] == 6 and sizes.count(6) == 1
     assert sum(size for size in sizes if size <= 2) == 6  # the chunks that ran cover K once

@@ -16,7 +16,7 @@ from engine_reference import law_differences, random_prompt
 
 import kvdiverge.engine.attention as attention
 from kvdiverge.engine import RolloutSettings, batched_paths, paths_under_actions
-from kvdiverge.engine.document import _Document, gather_prefix, kept_mask
+from kvdiverge.engine.document import DocumentRollout, gather_prefix, kept_mask
 from kvdiverge.engine.kernels import native as native_kernel
 from kvdiverge.engine.kernels import registry
 from kvdiverge.engine.settings import MASKED_MIN_FRACTION
@@ -161,7 +161,7 @@ def test_one_pass_per_document_over_its_full_prompt(demo):
             m[0].dtype == torch.bool and m[0].shape == pre.keys[0].shape[:2] for m in masks[1:4]
         )
         assert 15 <= rows <= 27  # X, each action's Y and the Z rows split so far
-    doc = _Document.plan("doc-p", ids, ACTIONS, 3, "shared-reference")
+    doc = DocumentRollout.plan("doc-p", ids, ACTIONS, 3, "shared-reference")
     doc.prepare(model, RolloutSettings(5, 1, prompt_attention="auto"), pre)
     for a, act in zip(ACTIONS, doc.interventions, strict=True):
         fraction = doc.kept[a.name].ge(0).sum(-1).float().mean() / pre.n

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from kvdiverge.engine.batch_plan import _Piece, plan_batches
-from kvdiverge.engine.document import _check_actions, _Document
+from kvdiverge.engine.document import DocumentRollout, _check_actions
 from kvdiverge.engine.memory import keep_freed_memory
 from kvdiverge.engine.rows import _running_row_steps, _Unit, rollout_units
 from kvdiverge.engine.settings import (
@@ -100,7 +100,7 @@ def batched_paths(
     specs = _check_actions(actions, eos_ids)
     keep_freed_memory()  # reuse the calls' multi-megabyte buffers (engine.memory)
     docs = [
-        _Document.plan(doc_id, ids, specs, reps, settings.coupling, subset=True)
+        DocumentRollout.plan(doc_id, ids, specs, reps, settings.coupling, subset=True)
         for doc_id, ids, reps, *_ in documents
     ]
     given = {doc[0]: doc[3] for doc in documents if len(doc) > 3}  # prefills passed in
@@ -153,7 +153,7 @@ def _batch_hook(
 
 def _run_batch(
     model: torch.nn.Module,
-    docs: Sequence[_Document],
+    docs: Sequence[DocumentRollout],
     batch: list[_Piece],
     eos_ids: Sequence[int],
     settings: RolloutSettings,

@@ -16,10 +16,10 @@ from kvdiverge.engine.generated_quantization import GeneratedQuantization
 from kvdiverge.engine.kernels import fused_masked_kernel
 from kvdiverge.engine.rows import (
     _Intervention,
-    _rollout_chunk,
     _rollout_replicates,
     _running_row_steps,
     _Unit,
+    rollout_chunk,
 )
 from kvdiverge.engine.settings import (
     MASKED_MIN_FRACTION,
@@ -48,6 +48,7 @@ from kvdiverge.theory.coupling import (
 )
 
 __all__ = [
+    "DocumentRollout",
     "gather_prefix",
     "kept_mask",
     "mean_kept",
@@ -122,7 +123,7 @@ ReplicateCounts = int | Sequence[int] | Mapping[str, int | Sequence[int]]
 
 
 @dataclass
-class _Document:
+class DocumentRollout:
     """One document of a rollout: what it runs (planned without the model), then its prefill,
     each action's kept set and prompt part, and the seconds they took (:meth:`prepare`)."""
 
@@ -147,7 +148,7 @@ class _Document:
         replicates: ReplicateCounts,
         coupling: str,
         subset: bool = False,
-    ) -> _Document:
+    ) -> DocumentRollout:
         """The document's actions, replicates and reference groups. ``replicates``: K or
         indices for every action, or a mapping action name → K or indices; with ``subset`` a
         mapping may leave actions out (the document does not run them), else it names all."""
@@ -371,7 +372,7 @@ def paths_under_actions(
     alone at the group's cost per row-step.
     """
     specs = _check_actions(actions, eos_ids)
-    doc = _Document.plan(doc_id, input_ids, specs, replicates, settings.coupling)
+    doc = DocumentRollout.plan(doc_id, input_ids, specs, replicates, settings.coupling)
     doc.prepare(model, settings, prefill)
     device = model_device(model)
     parts, seconds = [], []
@@ -379,7 +380,7 @@ def paths_under_actions(
 
         def run(part: np.ndarray, g: int = g) -> list[dict]:
             unit = doc.unit(g, part)
-            return _rollout_chunk(
+            return rollout_chunk(
                 model,
                 unit.prefill,
                 unit.prefix_full,

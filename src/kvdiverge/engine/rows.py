@@ -78,6 +78,7 @@ from kvdiverge.theory.coupling import (
 
 __all__ = [
     "decode_step",
+    "rollout_chunk",
     "rollout_units",
 ]
 
@@ -563,7 +564,7 @@ def _prompt_groups(
 
 
 @torch.inference_mode()
-def _rollout_chunk(
+def rollout_chunk(
     model: torch.nn.Module,
     prefill: Prefill,
     prefix_full: list[tuple[torch.Tensor, torch.Tensor]],
