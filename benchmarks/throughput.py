@@ -105,6 +105,22 @@ COMPRESSION_KINDS = {
         {"selector": "quantize", "bits": 2, "group_size": 32, "residual": 0, "generated": True},
         name="kivi-2bit-gen",
     ),
+    "transformation, merged (merging-24)": parse_action(
+        {
+            "selector": "kvpress",
+            "press": "MergingPress",
+            "budget": 0.24,
+            "press_kwargs": {
+                "press": "SnapKVPress",
+                "similarity_threshold": 0.0,
+                "merge_fraction": 1.0,
+            },
+        },
+        name="merging-24",
+    ),
+    "transformation, transformers' cache (quanto-4bit)": parse_action(
+        {"selector": "quantized-cache", "backend": "quanto", "nbits": 4}, name="quanto-4bit"
+    ),
     "decoding (streaming-192)": parse_action(
         {"selector": "streaming", "sinks": 4, "window": 188}, name="streaming-192"
     ),
