@@ -195,6 +195,7 @@ def test_compression_config_passes_every_check():
         "kivi-2bit-gen",
         "quanto-4bit",
         "snapkv-157",
+        "snapkv-138",
     }
     assert actions["streaming-192"]["selector"] == "streaming"
     assert actions["kivi-2bit-gen"]["generated"] is True
