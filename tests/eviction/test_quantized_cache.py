@@ -58,7 +58,8 @@ def _installed(package: str) -> bool:
 
 def _needs(backend: str):
     package = qc.BACKENDS[backend].package
-    reason = f"{package} is not installed (pip install {package}, or pip install -e '.[test]')"
+    extra = "hqq" if backend == "hqq" else "test"  # pyproject.toml's extra that installs it
+    reason = f"{package} is not installed (pip install {package}, or pip install -e '.[{extra}]')"
     return pytest.mark.skipif(not _installed(package), reason=reason)
 
 

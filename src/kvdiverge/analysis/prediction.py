@@ -26,11 +26,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import polars as pl
-from sklearn.compose import ColumnTransformer
-from sklearn.linear_model import RidgeCV
-from sklearn.model_selection import GroupKFold
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from kvdiverge.analysis.bootstrap import (
     percentile_interval,
@@ -108,6 +103,13 @@ def _fit_predict(
         numeric = frame.select(features).to_numpy().astype(np.float64)
         return np.column_stack([numeric, *indicators])
 
+    # scikit-learn is imported where a ridge is fitted: the modules that read PREDICTION_COLUMNS
+    # (kvdiverge.tables.inputs, so every table job) do not load it
+    from sklearn.compose import ColumnTransformer
+    from sklearn.linear_model import RidgeCV
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     n_numeric = len(features)
     model = make_pipeline(
         ColumnTransformer(
@@ -144,6 +146,8 @@ def _cv_contrast_mse(
     n_splits = min(folds, docs.len())
     if n_splits < 2:
         raise AnalysisInputError("prediction: the development cohort needs at least 2 documents")
+    from sklearn.model_selection import GroupKFold
+
     groups = dev["doc_id"].to_numpy()
     errors = []
     for train_idx, test_idx in GroupKFold(n_splits=n_splits).split(dev, groups=groups):
