@@ -10,12 +10,18 @@ The ``slow`` marker (docs/testing.md) is held to what it promises: a test that s
 SmolLM2 (``smollm2_folder``), itself or through a fixture it requests, fails with one line
 naming it unless it is marked ``slow``, so that ``-m "not slow"`` runs neither.
 
-The two workers share the expensive set-ups (docs/testing.md, "Shared set-ups"): pyproject.toml's
-pytest options distribute by ``--dist loadgroup``, and :func:`pytest_collection_modifyitems`
-puts the tests that share a set-up in one ``xdist_group`` (every user of the materialized
-SmolLM2 in one; the tests of a module that share one of its module- or class-scoped fixtures in
-one), so that one worker builds it once while the other runs other tests, and moves the modules
-holding slow tests to the front, so that the last tests to run are short.
+The two workers share the expensive set-ups (docs/testing.md, "Shared set-ups"): with
+pytest-xdist's workers (``-n N``) and no ``--dist`` of the command's own, the tests are
+distributed by ``--dist loadgroup`` (:func:`pytest_cmdline_main`), and
+:func:`pytest_collection_modifyitems` puts the tests that share a set-up in one ``xdist_group``
+(every user of the materialized SmolLM2 in one; the tests of a module that share one of its
+module- or class-scoped fixtures in one), so that one worker builds it once while the other runs
+other tests, and moves the modules holding slow tests to the front, so that the last tests to
+run are short. Without pytest-xdist (not installed, or ``-p no:xdist``) the suite runs in one
+process, the groups left out (their marker is xdist's).
+
+A test not marked slow that asks for SmolLM2 by name (``request.getfixturevalue``) fails the
+same way, before it is materialized.
 """
 
 import json
@@ -49,6 +55,18 @@ def _unmarked(item, why: str) -> str:
         f"{nodeid} {why} but is not marked slow: add @pytest.mark.slow (or a module's "
         'pytestmark), so that the fast run (-m "not slow", docs/testing.md) leaves it out'
     )
+
+
+def _guarded_getfixturevalue(self, argname: str):
+    """``FixtureRequest.getfixturevalue`` that refuses a slow fixture asked for by name by a
+    test not marked slow (its parameters cannot show it to :func:`pytest_runtest_setup`)."""
+    item = _CURRENT["item"]
+    if argname in SLOW_FIXTURES and item is not None and not _is_slow(item):
+        raise RuntimeError(_unmarked(item, f"uses {argname}"))
+    return _GETFIXTUREVALUE(self, argname)
+
+
+_GETFIXTUREVALUE = pytest.FixtureRequest.getfixturevalue
 
 
 class _GuardedPopen(subprocess.Popen):
@@ -126,12 +144,41 @@ def shared_setup_group(item: pytest.Item) -> str | None:
     return None
 
 
+def xdist_present(config: pytest.Config) -> bool:
+    """Whether pytest-xdist is installed and not turned off (``-p no:xdist``)."""
+    return config.pluginmanager.hasplugin("xdist")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """With pytest-xdist's workers (``-n N``, N > 0) and no ``--dist`` (or ``-d``) given:
+    ``--dist loadgroup`` (before xdist's own hook would make it ``load``). In a worker, which
+    parses the command line again: group its tests' node ids as the controller distributes
+    (:func:`pytest_configure_node`)."""
+    if not xdist_present(config):
+        return
+    option = config.option
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        if workerinput.get("kvdiverge_dist") == "loadgroup":
+            option.loadgroup = True  # xdist's worker then suffixes each grouped node id
+        return
+    if option.numprocesses and option.dist == "no" and not option.distload:
+        option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """(pytest-xdist, on the controller) Tell each worker the distribution mode chosen here."""
+    node.workerinput["kvdiverge_dist"] = node.config.option.dist
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group the tests that share a set-up (:func:`shared_setup_group`; the group decides only
-    where ``--dist loadgroup`` runs them) and put the modules holding a slow test first, each
-    module's tests in their own order."""
-    for item in items:
+    where ``--dist loadgroup`` runs them; only with pytest-xdist, whose marker it is) and put
+    the modules holding a slow test first, each module's tests in their own order."""
+    for item in items if xdist_present(config) else ():
         group = shared_setup_group(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
@@ -141,6 +188,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_configure(config) -> None:
     subprocess.Popen = _GuardedPopen
+    pytest.FixtureRequest.getfixturevalue = _guarded_getfixturevalue
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     os.environ["OMP_NUM_THREADS"] = "1"

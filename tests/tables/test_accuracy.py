@@ -258,7 +258,9 @@ def test_accuracy_figure_in_house_style(tmp_path):
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "a.pdf").stat().st_size > 0
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen", "smollm2"])
+@pytest.mark.parametrize(
+    "model", ["tiny-llama", "tiny-qwen", pytest.param("smollm2", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("clean_up", [None, True])
 def test_file_decoder_equals_the_tokenizers_decode(tmp_path, model, clean_up, request):
     """The accuracy rule decodes without transformers where it may; the text is the same.
