@@ -16,6 +16,7 @@ from kvdiverge.tables import (
     MAX_LATEX_COLUMNS,
     SHARE_NOTE,
     StudyTableError,
+    covers_zero,
     decimals_for,
     estimands_summary,
     format_value,
@@ -493,3 +494,25 @@ def test_estimands_summary_is_short_and_complete(study, tmp_path):
     parser.feed(page.split("<body>", 1)[1].split("</body>", 1)[0])
     assert not parser.stack and len(parser.rows) > 20
     assert estimands_summary(est).title == "Estimands"
+
+
+def _ending_at(est: pl.DataFrame, low: float, high: float) -> pl.DataFrame:
+    """``est`` with every contrast's ΔR_SMC interval set to [low, high]."""
+    is_total = (pl.col("contrast") != "") & (pl.col("estimand") == "R_smc")
+    return est.with_columns(
+        ci_low=pl.when(is_total).then(low).otherwise(pl.col("ci_low")),
+        ci_high=pl.when(is_total).then(high).otherwise(pl.col("ci_high")),
+    )
+
+
+def test_an_interval_end_at_the_rounding_of_zero_covers_zero(study):
+    # a bootstrap end of -1.1e-16 is floating-point rounding of 0: the shares stay hidden,
+    # while an end a millionth below 0 excludes it
+    _, _, est, _ = study
+    rounded = table2_decomposition(_ending_at(est, -0.05, -1.1e-16))
+    assert not rounded.data["share_shown"].any()
+    assert rounded.notes == (SHARE_NOTE,)
+    clear = table2_decomposition(_ending_at(est, -0.05, -1e-6))
+    assert clear.data["share_shown"].all()
+    assert covers_zero(1.1e-16, 0.05) and not covers_zero(1e-6, 0.05)
+    assert not covers_zero(float("nan"), 0.05)

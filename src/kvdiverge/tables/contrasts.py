@@ -27,6 +27,7 @@ import polars as pl
 
 from kvdiverge.analysis.bootstrap import percentile_interval, stratified_bootstrap_weights
 from kvdiverge.tables.headline import accuracy_resolution
+from kvdiverge.tables.study_table import covers_zero
 
 __all__ = [
     "CONTRAST_COLUMNS",
@@ -225,7 +226,7 @@ def _directed(
         return f"the same as {other} (a difference of 0 in every bootstrap resample)"
     if value == 0 and not finite:
         return f"the same as {other} [interval undefined]"
-    if finite and low <= 0 <= high:
+    if finite and covers_zero(low, high):
         lo, hi = _sentence_number(low, digits, scale), _sentence_number(high, digits, scale)
         return (
             f"not clearly {more} or {less} than {other}: {_signed(value, digits, scale)}"
@@ -315,8 +316,7 @@ def action_sentences(
         f"{r['action_value']:.3f}, {gap}."
     )
     shares = [100 * by[f"{t}_share"]["value"] for t in ("occurrence", "exposure", "rate")]
-    covers_zero = r["ci_low"] <= 0 <= r["ci_high"]  # NaN bounds compare False: not covering
-    if covers_zero and r["value"] != 0:
+    if covers_zero(r["ci_low"], r["ci_high"]) and r["value"] != 0:
         out.append(
             "The gap's interval includes 0, so its split into occurrence, exposure and rate is "
             "not given (shares of a gap that may be 0 are unbounded)."

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
+from kvdiverge.tables.study_table import covers_zero
+
 __all__ = [
     "HEADLINE_COLUMNS",
     "accuracy_resolution",
@@ -181,6 +183,6 @@ def _excludes_zero(rows: pl.DataFrame) -> bool:
         lo, hi = r["ci_low"], r["ci_high"]
         if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
             continue
-        if not lo <= 0 <= hi:
+        if not covers_zero(lo, hi):
             return True
     return False

@@ -23,6 +23,7 @@ import polars as pl
 
 from kvdiverge.tables.contrasts import action_sentences, labelled, rst_text
 from kvdiverge.tables.headline import accuracy_resolution, render_headline_rst
+from kvdiverge.tables.study_table import covers_zero
 
 __all__ = ["landing_documents", "render_landing_rst"]
 
@@ -46,7 +47,7 @@ def _cell(row: Mapping | None, scale: float) -> str:
     lo, hi = row["ci_low"], row["ci_high"]
     if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
         text += f" [{_number(scale * lo)}, {_number(scale * hi)}]"
-        if lo <= 0 <= hi:
+        if covers_zero(lo, hi):
             text += " (includes 0)"
     return text
 

@@ -181,9 +181,26 @@ def unit_suffix(unit: str) -> str:
     return {PERCENT: ", %", PP: ", pp", STEPS: ", steps"}.get(unit, "")
 
 
+ZERO_TOLERANCE = 1e-12
+"""An interval end within this of 0 counts as 0 (:func:`covers_zero`)."""
+
+
+def covers_zero(lo: float, hi: float) -> bool:
+    """Whether the finite interval [lo, hi] covers 0, an end within :data:`ZERO_TOLERANCE` of
+    0 counting as 0.
+
+    A bootstrap draw whose two actions agree gives a contrast of exactly 0 in exact arithmetic
+    but ±1e-16 in floating point (the same terms summed in another order), so an end at
+    -1.1e-16 is the rounding of 0, not an interval that excludes it. Every estimand here is a
+    probability, a share or a step count, so 1e-12 is far below any difference a table shows.
+    Missing (NaN) ends compare False: such an interval covers nothing.
+    """
+    return lo <= ZERO_TOLERANCE and -ZERO_TOLERANCE <= hi and lo <= hi
+
+
 def _covers_zero(lo: float | None, hi: float | None) -> bool:
     """Whether an interval covers 0 (a missing end counts as covering)."""
-    return _is_missing(lo) or _is_missing(hi) or lo <= 0.0 <= hi
+    return _is_missing(lo) or _is_missing(hi) or covers_zero(lo, hi)
 
 
 def estimand_row(
