@@ -399,3 +399,162 @@ def test_user_selector_imported_by_module_path(demo, tmp_path, monkeypatch):
             assert "\n" not in str(info.value) and str(info.value).startswith(message), info.value
     finally:
         SELECTORS.pop("my_methods:ValueNorm", None)
+
+
+def seeded_per_layer(press):
+    """``press`` with its ``score`` run as the bridge runs it: torch's global generator seeded
+    with the layer's index, inside ``fork_rng`` (the draws of LeverageScorePress's sketch,
+    CompactorPress's through it, and RandomPress's without a seed)."""
+    score = press.score
+
+    def seeded(module, *args, **kwargs):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(module.layer_idx)
+            return score(module, *args, **kwargs)
+
+    object.__setattr__(press, "score", seeded)
+    return press
+
+
+def assert_keeps_what_kvpress_keeps(model, ids, press, kwargs, theirs):
+    """At three budgets, the bridge's kept positions equal those of ``theirs()`` (a fresh kvpress
+    press) under kvpress's own hooks, at the ratio for which kvpress keeps the budget."""
+    n = len(ids)
+    for n_keep in (n // 2, n // 4, (3 * n) // 4):
+        action = parse_action(
+            {"selector": "kvpress", "press": press, "budget": n_keep, "press_kwargs": kwargs},
+            name="a",
+        )
+        prefill = run_prefill(model, ids, actions=[action])
+        ours = select_positions(prefill, action)
+        assert ours.shape[-1] == n_keep
+        other = theirs()
+        other.compression_ratio = 1 - (n_keep + 0.5) / n
+        cache = kvpress_cache(other, model, ids)
+        assert cache.layers[0].keys.shape[2] == n_keep
+        assert_same_sets(ours, kept_by_kvpress(cache, prefill.keys))
+
+
+RANDOM_DRAWS = [
+    ("RandomPress", {"seed": 7}, False),
+    ("RandomPress", {}, True),
+    ("LeverageScorePress", {}, True),
+    ("LeverageScorePress", {"sketch_dimension": 4}, True),
+    ("CompactorPress", {}, True),
+    ("CompactorPress", {"chunk_size": 64, "sketch_dimension": 8, "sink_size_start": 2}, True),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("press", "kwargs", "draws"),
+    RANDOM_DRAWS,
+    ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(RANDOM_DRAWS)],
+)
+def test_presses_that_draw_keep_what_kvpress_keeps(demo, press, kwargs, draws, dtype):
+    """RandomPress with a seed draws from a generator of its own: kvpress's press as it is.
+    The others draw from torch's global generator, which the bridge seeds with the layer's index
+    inside fork_rng; kvpress's press, its score seeded the same way, keeps the same positions.
+    A sketch of at least head_dim (the default 48 here) gives the exact leverage scores whatever
+    is drawn; one below it (4, 8) makes the draws matter, so only the same seeds keep the same
+    sets. The bridge's sets do not depend on the global generator's state, which it leaves as
+    it was."""
+    path, _, ids = demo
+    model = load_model(str(path), dtype=dtype)
+
+    def theirs():
+        built = getattr(kvpress, press)(**kwargs)
+        return seeded_per_layer(built) if draws else built
+
+    assert_keeps_what_kvpress_keeps(model, ids, press, kwargs, theirs)
+    spec = {"selector": "kvpress", "press": press, "budget": len(ids) // 3, "press_kwargs": kwargs}
+    runs = []
+    for seed in (0, 123):
+        torch.manual_seed(seed)
+        runs.append(kept_positions(model, ids, parse_action(spec, name="r")))
+        after = torch.rand(4)
+        torch.manual_seed(seed)
+        assert torch.equal(after, torch.rand(4))  # the global generator left as it was
+    assert torch.equal(runs[0], runs[1])
+
+
+def _hub_folder(root, name, module):
+    """``module`` saved (save_pretrained) in ``root/name``: the folder a press's from_pretrained
+    reads when ``name`` (its hub id) is a relative path from the working directory."""
+    folder = root / name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    module.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("press", ["QFilterPress", "KVzapPress", "ExpectedAttentionStatsPress"])
+def test_presses_with_hub_weights_keep_what_kvpress_keeps(
+    demo, press, dtype, tmp_path, monkeypatch
+):
+    """The three presses whose weights kvpress loads from the Hugging Face Hub, given random
+    weights of the right shapes locally: QFilterPress's and KVzapPress's from_pretrained read
+    their hub id (nthngdy/<model>_qfilt, nvidia/KVzap-<type>-<model>) as a folder relative to the
+    working directory when one exists; ExpectedAttentionStatsPress reads its stats_folder.
+    Both sides load the same files; the bridge's press holds exactly the weights saved."""
+    from kvpress.presses.expected_attention_with_stats import ExpectedAttentionStats
+    from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
+    from kvpress.presses.qfilter_press import QFilters
+
+    path, _, ids = demo
+    model = load_model(str(path), dtype=dtype)
+    config = model.config
+    n_layers, n_kv = config.num_hidden_layers, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    name = config.name_or_path.split("/")[-1]
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(11)
+    kwargs = {}
+    if press == "QFilterPress":
+        module = QFilters(n_layers, n_kv, head_dim)
+        _hub_folder(tmp_path, f"nthngdy/{name}_qfilt", module)
+        saved = {"q_filters": module.q_filters.detach().clone()}
+        kvpress.QFilterPress.load_q_filters.cache_clear()  # cached by model name
+    elif press == "KVzapPress":
+        kwargs = {"model_type": "mlp"}
+        kv_config = KVzapConfig(
+            input_dim=config.hidden_size, output_dim=n_kv, n_modules=n_layers, hidden_dim=16
+        )
+        module = KVzapModel(kv_config)
+        _hub_folder(tmp_path, f"nvidia/KVzap-mlp-{name}", module)
+        saved = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    else:
+        stats = ExpectedAttentionStats(
+            num_layers=n_layers,
+            num_heads=config.num_attention_heads,
+            head_dim=head_dim,
+            dataset_name="kmfoda/booksum",
+            model_name=name,
+            num_samples=100,
+            sample_seq_len=1000,
+            n_sink=4,
+        )
+        with torch.no_grad():
+            stats.query_mean.normal_()
+            a = torch.randn(n_layers, config.num_attention_heads, head_dim, head_dim) * 0.1
+            stats.query_cov.copy_(a @ a.transpose(-1, -2))
+        folder = _hub_folder(tmp_path, "stats", stats)
+        kwargs = {"stats_folder": str(folder)}
+        saved = {"mu": stats.query_mean.detach().clone(), "cov": stats.query_cov.detach().clone()}
+
+    assert_keeps_what_kvpress_keeps(
+        model, ids, press, kwargs, lambda: getattr(kvpress, press)(**kwargs)
+    )
+    action = parse_action(
+        {"selector": "kvpress", "press": press, "budget": 0.5, "press_kwargs": kwargs}, name="h"
+    )
+    run_prefill(model, ids, actions=[action])
+    built = action.method.press_object()
+    if press == "KVzapPress":
+        held = built.kvzap_model.state_dict()
+    else:
+        held = {k: getattr(built, k) for k in saved}
+    for key, value in saved.items():
+        assert torch.equal(held[key].float(), value.to(model.dtype).float()), key
+    if press == "QFilterPress":
+        kvpress.QFilterPress.load_q_filters.cache_clear()
