@@ -26,7 +26,8 @@ _CHAT_B = (
 )
 
 
-def _corpus() -> list[str]:
+def corpus() -> list[str]:
+    """The lines a test tokenizer is trained on: the fixture essays, word lists, a needle."""
     lines = []
     for f in sorted((FIXTURES / "essays").glob("*.txt")):
         lines += f.read_text().splitlines()
@@ -48,7 +49,7 @@ def bpe_tokenizer() -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</turn>", chat_template=_CHAT_A
     )
@@ -59,7 +60,7 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     """Lower-cased WordLevel over whitespace/punctuation pieces, unknown words as [UNK] (one
     token per word or punctuation mark), chat template B."""
     vocab = {"[UNK]": 0, "<|start|>": 1, "<|stop|>": 2}
-    for line in _corpus():
+    for line in corpus():
         for w in re.findall(r"\w+|[^\w\s]", line.lower()):
             vocab.setdefault(w, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))

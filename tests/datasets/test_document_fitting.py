@@ -36,7 +36,7 @@ _SPECIAL = ["<|begin|>", "<|head|>", "<|end_head|>", "<|eot|>"]
 
 
 def _corpus() -> list[str]:
-    lines = datasets_helpers._corpus()
+    lines = datasets_helpers.corpus()
     lines += [f"The special magic number for key {i} is: {7919 * i % 9999991}." for i in range(400)]
     lines += [f"VAR ABC{i % 7} = {31337 * i % 99999}" for i in range(200)]
     lines += ["What are all the special magic numbers mentioned in the provided text?"] * 5

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from kvdiverge.engine.batch_plan import _Piece, plan_batches
-from kvdiverge.engine.document import DocumentRollout, _check_actions
+from kvdiverge.engine.document import DocumentRollout, checked_actions
 from kvdiverge.engine.memory import keep_freed_memory
 from kvdiverge.engine.rows import _running_row_steps, _Unit, rollout_units
 from kvdiverge.engine.settings import (
@@ -97,7 +97,7 @@ def batched_paths(
     batch ``batch`` (0-based) of ``batches`` (a progress display: a batch cut in halves after
     an out-of-memory reports its steps again from 1).
     """
-    specs = _check_actions(actions, eos_ids)
+    specs = checked_actions(actions, eos_ids)
     keep_freed_memory()  # reuse the calls' multi-megabyte buffers (engine.memory)
     docs = [
         DocumentRollout.plan(doc_id, ids, specs, reps, settings.coupling, subset=True)

@@ -49,6 +49,7 @@ from kvdiverge.theory.coupling import (
 
 __all__ = [
     "DocumentRollout",
+    "checked_actions",
     "gather_prefix",
     "kept_mask",
     "mean_kept",
@@ -313,9 +314,11 @@ class DocumentRollout:
         return {a.name: results[a.name] for a in self.specs}
 
 
-def _check_actions(
+def checked_actions(
     actions: Sequence[ActionSpec | Mapping[str, Any]], eos_ids: Sequence[int]
 ) -> list[ActionSpec]:
+    """The actions parsed (a mapping through :func:`kvdiverge.eviction.parse_action`), refused
+    in one line when no EOS id is given or two actions share a name."""
     if not eos_ids:
         raise ValueError("eos_ids: at least one EOS token id is needed")
     specs = [a if isinstance(a, ActionSpec) else parse_action(a) for a in actions]
@@ -371,7 +374,7 @@ def paths_under_actions(
     group ran (the shared X once), i.e. the decode cost of an evaluation run of the action
     alone at the group's cost per row-step.
     """
-    specs = _check_actions(actions, eos_ids)
+    specs = checked_actions(actions, eos_ids)
     doc = DocumentRollout.plan(doc_id, input_ids, specs, replicates, settings.coupling)
     doc.prepare(model, settings, prefill)
     device = model_device(model)
