@@ -98,23 +98,14 @@ def test_scored_presses_keep_what_kvpress_keeps(demo, press, kwargs, dtype):
     arithmetic (which the bridge runs unchanged) and by torch's top-k on the same scores."""
     path, _, ids = demo
     model = load_model(str(path), dtype=dtype)
-    n = len(ids)
-    for n_keep in (n // 2, n // 4, (3 * n) // 4):
-        action = parse_action(
-            {"selector": "kvpress", "press": press, "budget": n_keep, "press_kwargs": kwargs},
-            name="a",
-        )
-        prefill = run_prefill(model, ids, actions=[action])
-        ours = select_positions(prefill, action)
-        assert ours.shape[-1] == n_keep
+
+    def theirs():
         built = dict(kwargs)
         if "press" in built:
             built["press"] = getattr(kvpress, built["press"])()
-        theirs = getattr(kvpress, press)(**built)
-        theirs.compression_ratio = 1 - (n_keep + 0.5) / n  # kvpress then keeps n_keep
-        cache = kvpress_cache(theirs, model, ids)
-        assert cache.layers[0].keys.shape[2] == n_keep
-        assert_same_sets(ours, kept_by_kvpress(cache, prefill.keys))
+        return getattr(kvpress, press)(**built)
+
+    assert_keeps_what_kvpress_keeps(model, ids, press, kwargs, theirs)
 
 
 def test_observed_attention_recomputes_eager_probabilities(demo):
@@ -429,7 +420,7 @@ def assert_keeps_what_kvpress_keeps(model, ids, press, kwargs, theirs):
         ours = select_positions(prefill, action)
         assert ours.shape[-1] == n_keep
         other = theirs()
-        other.compression_ratio = 1 - (n_keep + 0.5) / n
+        other.compression_ratio = 1 - (n_keep + 0.5) / n  # kvpress then keeps n_keep
         cache = kvpress_cache(other, model, ids)
         assert cache.layers[0].keys.shape[2] == n_keep
         assert_same_sets(ours, kept_by_kvpress(cache, prefill.keys))

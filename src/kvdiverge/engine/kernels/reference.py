@@ -144,6 +144,16 @@ def prompt_reference(
     return out[:, :m], lse[:, :m]
 
 
+def _random_group_masks(m: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A masked pass's bias table (2 groups × 2 KV heads × n; about half the entries dropped,
+    and every entry of group 1's first KV head) and each of m rows' group (0, 1, or -1: none)."""
+    drop = torch.rand((2, 2, n), generator=gen) < 0.5
+    drop[1, 0] = True
+    table = torch.zeros(drop.shape).masked_fill_(drop, float("-inf"))
+    rows = torch.arange(m, dtype=torch.int32) % 3 - 1
+    return table, rows
+
+
 def validation_problems(
     layout: str, dtype: torch.dtype, device: torch.device | str, d: int
 ) -> list[tuple[torch.Tensor, ...]]:
@@ -166,10 +176,7 @@ def validation_problems(
             table = torch.zeros((1, 2, n)).masked_fill_(~keep[None], float("-inf"))
             rows = torch.zeros(m, dtype=torch.int32)
         elif layout == "prompt_masked":
-            drop = torch.rand((2, 2, n), generator=gen) < 0.5
-            drop[1, 0] = True
-            table = torch.zeros(drop.shape).masked_fill_(drop, float("-inf"))
-            rows = torch.arange(m, dtype=torch.int32) % 3 - 1
+            table, rows = _random_group_masks(m, n, gen)
         moved = [x.to(device, dtype) for x in (q, k, v)]
         problems.append(
             (*moved, None if table is None else table.to(device), None if rows is None else rows)
@@ -261,10 +268,7 @@ def _stable(run, layout: str, dtype: torch.dtype, device: torch.device | str, d:
             table[:, 1, n // 2 :] = float("-inf")
             rows = torch.zeros(m, dtype=torch.int32)
         elif layout == "prompt_masked":
-            drop = torch.rand((2, 2, n), generator=gen) < 0.5
-            drop[1, 0] = True
-            table = torch.zeros(drop.shape).masked_fill_(drop, float("-inf"))
-            rows = torch.arange(m, dtype=torch.int32) % 3 - 1
+            table, rows = _random_group_masks(m, n, gen)
         if table is not None:
             table = table.to(device)
         want = run(q, k, v, scale, table, rows)
